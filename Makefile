@@ -1,0 +1,29 @@
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml engines/dask/pyproject.toml engines/daft/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]" -e engines/dask -e engines/daft
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/enrich.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check hypernodes_dist engines tests benchmarks examples
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_local.py
+
+clean:
+	rm -rf $(VENV) .cache build *.egg-info

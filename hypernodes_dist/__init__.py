@@ -1,0 +1,1 @@
+"""hypernodes-dist: function graphs over very large batches, on local, Dask and Daft engines."""
