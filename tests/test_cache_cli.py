@@ -1,0 +1,79 @@
+"""Tests of ``hypernodes-dist cache info|clear`` run as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from hypernodes_dist.cache import DiskCache
+from hypernodes_dist.cli import build_parser, main
+
+ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run(
+        [sys.executable, "-m", "hypernodes_dist.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def filled(tmp_path: pathlib.Path) -> str:
+    path = str(tmp_path / "cache")
+    DiskCache(path).set_many({f"g{i}": i for i in range(4)})
+    DiskCache(path, scope="session").set_many({"s0": "x", "s1": b"y" * 100_000})
+    DiskCache(path, scope="run").set_many({"r0": None})
+    return path
+
+
+def test_info_reports_entries_size_and_scopes(filled: str) -> None:
+    out = _cli("cache", "info", filled)
+    assert out.returncode == 0, out.stderr
+    assert "entries: 7" in out.stdout
+    assert "scope global: 4 entries" in out.stdout
+    assert "scope session: 2 entries" in out.stdout
+    assert "scope run: 1 entries" in out.stdout
+    js = _cli("cache", "info", filled, "--json")
+    stats = json.loads(js.stdout)
+    assert stats["entries"] == 7 and stats["size_bytes"] > 100_000
+    assert stats["by_scope"]["session"]["file_bytes"] > 100_000
+
+
+def test_clear_one_scope_then_all(filled: str) -> None:
+    out = _cli("cache", "clear", filled, "--scope", "session")
+    assert out.returncode == 0, out.stderr
+    assert "removed 2 entries" in out.stdout
+    cache = DiskCache(filled)
+    assert cache.get_many(["s0", "s1", "g0", "r0"]) == {"g0": 0, "r0": None}
+    out = _cli("cache", "clear", filled)
+    assert out.returncode == 0 and "removed 5 entries" in out.stdout
+    assert json.loads(_cli("cache", "info", filled, "--json").stdout)["entries"] == 0
+
+
+def test_errors(tmp_path: pathlib.Path, filled: str) -> None:
+    missing = _cli("cache", "info", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no cache" in missing.stderr
+    assert not (tmp_path / "nope").exists()  # info never creates a cache
+    bad_scope = _cli("cache", "clear", filled, "--scope", "forever")
+    assert bad_scope.returncode == 2 and "invalid choice" in bad_scope.stderr
+    assert _cli().returncode == 2
+    assert _cli("cache").returncode == 2
+
+
+def test_in_process_main_and_parser(filled: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["cache", "info", filled]) == 0
+    assert "entries: 7" in capsys.readouterr().out
+    assert main(["cache", "clear", filled, "--scope", "run"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert "cache" in commands
