@@ -1,0 +1,515 @@
+"""The shared plan executor: runs one batch of map items and returns a ``BatchResult``.
+
+Every engine calls ``execute_batch`` — the local engine in the driver, a Dask task on a
+worker, a Daft UDF on a partition — so all engines share one semantics and one cache-key
+scheme. Two strategies, chosen by the plan:
+
+- *columnar* (plans without branches, gates, interrupts or cycles): node by node over the
+  whole batch, one C-level ``map`` per sync node, one ``gather`` per async node; cache keys
+  are chained, so a warm batch fetches only the outputs it returns;
+- *per item*: the reactive ``Scheduler`` runs each item (control flow decided per item).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+from .errors import annotate, portable
+from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
+from .invoke import call_node, join_chunks, split_outputs
+from .keys import Keys, scope_token
+from .nodes import HyperNode
+from .plan import MISSING, Plan
+from .results import NodeExecution
+from .scheduler import RunContext, RunState, Scheduler
+from .syncio import run_sync
+
+__all__ = ["BatchSettings", "Chunk", "BatchResult", "execute_batch"]
+
+NOT_RUN, RAN, HIT = 0, 1, 2
+
+
+@dataclass
+class BatchSettings:
+    """What every batch of one map shares (picklable)."""
+
+    session_id: str
+    run_prefix: str
+    select: tuple[str, ...] | None = None
+    on_error: str = "raise"
+    cache: Any = None
+    want_events: bool = False
+    concurrency: int = 100  # async node calls in flight per batch
+
+    def run_id(self, index: int) -> str:
+        return f"{self.run_prefix}{index}"
+
+
+@dataclass
+class Chunk:
+    """Items ``offset .. offset+n`` of a map: their mapped columns and the broadcast inputs."""
+
+    offset: int
+    n: int
+    columns: dict[str, Sequence[Any]]
+    broadcast: dict[str, Any]
+
+    def item(self, i: int) -> dict[str, Any]:
+        row = dict(self.broadcast)
+        for name, col in self.columns.items():
+            row[name] = col[i]
+        return row
+
+
+@dataclass
+class BatchResult:
+    """The outcome of one batch, columnar: what the driver turns into ``GraphResult``s."""
+
+    offset: int
+    n: int
+    outputs: dict[str, list[Any]]  # selected output columns, MISSING where an item has none
+    errors: dict[int, BaseException] = field(default_factory=dict)  # local index -> error
+    order: tuple[str, ...] = ()  # columnar: node order; codes[name][i] says NOT_RUN/RAN/HIT
+    codes: dict[str, bytearray] = field(default_factory=dict)
+    histories: list[list[NodeExecution]] | None = None  # per-item strategy
+    events: list[Event] = field(default_factory=list)
+    executed: int = 0
+    hits: int = 0
+    worker: str = ""
+    run_prefix: str = ""
+
+    def run_id_of(self, i: int) -> str:
+        return f"{self.run_prefix}{self.offset + i}"
+
+    def history_of(self, i: int) -> list[NodeExecution]:
+        if self.histories is not None:
+            return self.histories[i]
+        return [
+            NodeExecution(name, step, cached=self.codes[name][i] == HIT)
+            for step, name in enumerate(n for n in self.order if self.codes[n][i])
+        ]
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {k: col[i] for k, col in self.outputs.items() if col[i] is not MISSING}
+
+
+def execute_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
+    """Run every item of ``chunk`` through ``plan``; see the module docstring."""
+    if plan.static:
+        coro = _Columnar(plan, chunk, settings).run()
+    else:
+        coro = _per_item(plan, chunk, settings)
+    result = run_sync(coro, needs_loop=plan.is_async)
+    result.worker = _worker_id()
+    result.run_prefix = settings.run_prefix
+    return result
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# ============================================================================ per item
+
+
+async def _per_item(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
+    keys = Keys(plan, settings.cache) if settings.cache is not None else None
+    wanted = settings.select or plan.outputs
+    result = BatchResult(chunk.offset, chunk.n, {k: [MISSING] * chunk.n for k in wanted})
+    result.histories = [[] for _ in range(chunk.n)]
+
+    async def one(i: int) -> None:
+        index = chunk.offset + i
+        run_id = settings.run_id(index)
+        emit = result.events.append if settings.want_events else None
+        state = RunState.start(chunk.item(i))
+        ctx = RunContext(settings.session_id, run_id, emit=emit, keys=keys, item_index=index)
+        t0 = time.perf_counter()
+        if emit:
+            emit(RunStartEvent(session_id=settings.session_id, run_id=run_id, item_index=index,
+                               inputs=dict(state.values), graph_id=plan.graph_hash))
+        error = None
+        try:
+            await Scheduler(plan, state, ctx).run()
+        except Exception as exc:
+            error = _fail(exc, settings)
+            result.errors[i] = error
+        for k, col in result.outputs.items():
+            col[i] = state.values.get(k, MISSING) if k in state.produced else MISSING
+        result.histories[i] = state.history  # type: ignore[index]
+        result.executed += sum(1 for h in state.history if not h.cached)
+        result.hits += sum(1 for h in state.history if h.cached)
+        if emit:
+            emit(RunEndEvent(session_id=settings.session_id, run_id=run_id, item_index=index,
+                             status="error" if error else "complete", error=error,
+                             outputs=state.outputs(), duration_ms=(time.perf_counter() - t0) * 1e3))
+
+    if plan.is_async:
+        sem = asyncio.Semaphore(settings.concurrency)
+
+        async def bounded(i: int) -> None:
+            async with sem:
+                await one(i)
+
+        await asyncio.gather(*(bounded(i) for i in range(chunk.n)))
+    else:
+        for i in range(chunk.n):
+            await one(i)
+    return result
+
+
+def _fail(exc: BaseException, settings: BatchSettings) -> BaseException:
+    if settings.on_error == "raise":
+        raise exc
+    return portable(exc)
+
+
+# ============================================================================ columnar
+
+
+class _Columnar:
+    """Node-by-node execution of a static plan over one batch."""
+
+    def __init__(self, plan: Plan, chunk: Chunk, settings: BatchSettings) -> None:
+        self.plan, self.chunk, self.settings = plan, chunk, settings
+        self.n = chunk.n
+        self.values: dict[str, list[Any]] = {k: list(v) for k, v in chunk.columns.items()}
+        self.consts: dict[str, Any] = dict(chunk.broadcast)
+        self.failed: dict[int, BaseException] = {}
+        self.codes = {node.name: bytearray(self.n) for node in plan.nodes}
+        self.keys = Keys(plan, settings.cache) if settings.cache is not None else None
+        self.cache = settings.cache
+        self.node_keys: dict[str, list[str]] = {}
+        self.ids: dict[str, list[str] | str] = {}
+        self.events: list[Event] = []
+        self.timing: dict[tuple[str, int], tuple[float, float]] = {}
+        self.wanted = set(settings.select or plan.outputs)
+        self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
+        self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
+
+    async def run(self) -> BatchResult:
+        hits: dict[str, dict[int, Any]] = {}
+        if self.keys is not None:
+            for node in self.plan.nodes:
+                self._precompute_keys(node)
+            if not self.settings.want_events:  # events report every node: fetch everything
+                hits = self._plan_demand()
+        for node in self.plan.nodes:
+            todo = self._todo(node, hits.get(node.name))
+            if todo:
+                await self._execute(node, todo)
+        return self._result()
+
+    # -- demand: which items must resolve each node (chained keys make warm runs cheap) -----
+    def _plan_demand(self) -> dict[str, dict[int, Any]]:
+        """Backward pass: fetch the cached outputs that are needed, mark what must execute."""
+        plan, keys = self.plan, self.keys
+        assert keys is not None
+        every = range(self.n)
+        requested: dict[str, set[int]] = {}
+        self.need = {}
+        hits: dict[str, dict[int, Any]] = {}
+        for node in reversed(plan.nodes):
+            name = node.name
+            if not keys.cacheable(node) or any(o in self.wanted for o in node.outputs):
+                need: Sequence[int] = every
+            else:
+                need = sorted(set().union(*(requested.get(o, set()) for o in node.outputs)))
+            self.need[name] = need
+            run: Sequence[int] = need
+            if name in self.node_keys and need:
+                found = self._lookup(node, need)
+                hits[name] = found
+                self.looked_up.add(name)
+                run = [i for i in need if i not in found]
+            for p in node.params:
+                if p in plan.producers:
+                    requested.setdefault(p, set()).update(run)
+        return hits
+
+    def _precompute_keys(self, node: HyperNode) -> None:
+        keys = self.keys
+        assert keys is not None
+        if not keys.cacheable(node):
+            return
+        arg_ids = []
+        for p in node.params:
+            ident = self._input_ids(node, p)
+            if ident is None:
+                return  # produced by a node without a precomputable key: key comes later
+            arg_ids.append(ident)
+        self.node_keys[node.name] = self._keys_for(node, arg_ids, range(self.n))
+
+    def _input_ids(self, node: HyperNode, p: str) -> list[str] | str | None:
+        found = self.ids.get(p)
+        if found is not None:
+            return found
+        keys = self.keys
+        assert keys is not None
+        if p in self.plan.producers:
+            producer = self.plan.by_name[self.plan.producers[p][0]]
+            pkeys = self.node_keys.get(producer.name)
+            if pkeys is None:
+                return None
+            found = [keys.output_id(k, p) for k in pkeys]
+        elif p in self.consts:
+            found = keys.value_id(self.consts[p])
+        elif p in self.values:
+            found = [keys.value_id(v) for v in self.values[p]]
+        else:
+            return keys.default_id(node, p)
+        self.ids[p] = found
+        return found
+
+    def _keys_for(self, node: HyperNode, arg_ids: list[Any], items: Sequence[int]) -> list[str]:
+        keys, settings = self.keys, self.settings
+        assert keys is not None
+        token_of = _token_fn(keys.scope, settings)
+        out = []
+        for i in items:
+            ids = [a if isinstance(a, str) else a[i] for a in arg_ids]
+            out.append(keys.key(node, ids, token_of(self.chunk.offset + i)))
+        return out
+
+    def _lookup(self, node: HyperNode, items: Sequence[int]) -> dict[int, Any]:
+        node_keys = self.node_keys[node.name]
+        wanted = [node_keys[i] for i in items]
+        found = self.cache.get_many(wanted)
+        return {i: found[k] for i, k in zip(items, wanted) if k in found}
+
+    def _todo(self, node: HyperNode, hits: dict[int, Any] | None) -> list[int]:
+        need = range(self.n) if self.need is None else self.need[node.name]
+        if hits:
+            self._store(node, hits, HIT)
+        failed = self.failed
+        return [i for i in need if i not in failed and (not hits or i not in hits)]
+
+    # -- execution -----------------------------------------------------------------------
+    async def _execute(self, node: HyperNode, todo: list[int]) -> None:
+        keys = self.keys
+        if keys is not None and keys.cacheable(node) and node.name not in self.node_keys:
+            self._late_keys(node)
+        node_keys = self.node_keys.get(node.name)
+        first: dict[str, int] = {}
+        dupes: dict[int, int] = {}
+        if node_keys is not None:
+            hits = self._lookup(node, todo) if node.name not in self.looked_up else {}
+            if hits:
+                self._store(node, hits, HIT)
+                todo = [i for i in todo if i not in hits]
+            run = []
+            for i in todo:  # duplicates inside one batch run once
+                k = node_keys[i]
+                if k in first:
+                    dupes[i] = first[k]
+                else:
+                    first[k] = i
+                    run.append(i)
+            todo = run
+        results = await self._call(node, todo)
+        done = {i: v for i, v in zip(todo, results) if v is not MISSING}
+        self._store(node, done, RAN)
+        if dupes:
+            self._store(node, {i: done[j] for i, j in dupes.items() if j in done}, HIT)
+        if node_keys is not None and done:
+            self.cache.set_many({node_keys[i]: v for i, v in done.items()})
+
+    def _late_keys(self, node: HyperNode) -> None:
+        """Keys of a node downstream of a non-cacheable one: hash the values it received."""
+        keys = self.keys
+        assert keys is not None
+        arg_ids: list[Any] = []
+        for p in node.params:
+            if p in self.values and self.ids.get(p) is None:
+                arg_ids.append([keys.value_id(v) if v is not MISSING else "" for v in self.values[p]])
+            else:
+                ident = self._input_ids(node, p)
+                arg_ids.append(ident if ident is not None else "")
+        self.node_keys[node.name] = self._keys_for(node, arg_ids, range(self.n))
+
+    def _store(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
+        codes = self.codes[node.name]
+        outputs = node.outputs
+        cols = [self.values.setdefault(o, [MISSING] * self.n) for o in outputs]
+        single = len(outputs) == 1
+        for i, value in results.items():
+            if single:
+                cols[0][i] = value
+            elif outputs:
+                try:
+                    parts = split_outputs(node, value)
+                except Exception as exc:
+                    self._record_failure(node, i, exc)
+                    continue
+                for col, part in zip(cols, parts):
+                    col[i] = part
+            codes[i] = code
+        if self.settings.want_events:
+            self._node_events(node, results, code)
+
+    def _args(self, node: HyperNode, todo: list[int]) -> list[Iterator[Any]]:
+        full = len(todo) == self.n
+        count = len(todo)
+        its = []
+        for p in node.params:
+            if p in self.values:
+                col = self.values[p]
+                its.append(iter(col) if full else iter([col[i] for i in todo]))
+            elif p in self.consts:
+                its.append(repeat(self.consts[p], count))
+            else:
+                its.append(repeat(node.defaults[p], count))
+        if not its:
+            its.append(repeat(None, count))
+        return its
+
+    async def _call(self, node: HyperNode, todo: list[int]) -> list[Any]:
+        if not todo:
+            return []
+        fn = _positional(node)
+        if node.is_async or (node.streaming and not node.is_generator):
+            return await self._call_async(node, todo)
+        if self.settings.want_events:
+            fn = self._timed(node, fn, todo)
+        its = self._args(node, todo)
+        out: list[Any] = []
+        while True:
+            try:
+                out.extend(map(fn, *its))
+                return out
+            except Exception as exc:
+                self._record_failure(node, todo[len(out)], exc)
+                out.append(MISSING)
+
+    async def _call_async(self, node: HyperNode, todo: list[int]) -> list[Any]:
+        sem = asyncio.Semaphore(self.settings.concurrency)
+        params = node.params
+
+        async def one(args: tuple[Any, ...]) -> Any:
+            async with sem:
+                t0, start = time.perf_counter(), time.time()
+                value = await call_node(node, dict(zip(params, args)) if params else {}, None)
+                return value, start, (time.perf_counter() - t0) * 1e3
+
+        its = self._args(node, todo)
+        results = await asyncio.gather(
+            *(one(a if params else ()) for a in zip(*its)), return_exceptions=True
+        )
+        out = []
+        for i, r in zip(todo, results):
+            if isinstance(r, BaseException):
+                if not isinstance(r, Exception):
+                    raise r
+                self._record_failure(node, i, r)
+                out.append(MISSING)
+            else:
+                out.append(r[0])
+                self.timing[(node.name, i)] = (r[1], r[2])
+        return out
+
+    def _timed(self, node: HyperNode, fn: Callable[..., Any], todo: list[int]) -> Callable[..., Any]:
+        positions = iter(todo)
+        timing = self.timing
+
+        def timed(*args: Any) -> Any:
+            i = next(positions)
+            t0, start = time.perf_counter(), time.time()
+            try:
+                return fn(*args)
+            finally:
+                timing[(node.name, i)] = (start, (time.perf_counter() - t0) * 1e3)
+
+        return timed
+
+    def _record_failure(self, node: HyperNode, i: int, exc: BaseException) -> None:
+        index = self.chunk.offset + i
+        annotate(exc, node.name, index)
+        if self.settings.on_error == "raise":
+            raise exc
+        self.failed[i] = portable(exc)
+        if self.settings.want_events:
+            self.events.append(NodeErrorEvent(
+                session_id=self.settings.session_id, run_id=self.settings.run_id(index),
+                node_id=node.name, tags=node.tags, item_index=index, error=self.failed[i],
+            ))
+
+    # -- events & result -------------------------------------------------------------------
+    def _node_events(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
+        s, step = self.settings, self.plan.position[node.name]
+        for i in results:
+            index = self.chunk.offset + i
+            started, duration = self.timing.get((node.name, i), (time.time(), 0.0))
+            base = dict(session_id=s.session_id, run_id=s.run_id(index), node_id=node.name,
+                        step_index=step, tags=node.tags, item_index=index)
+            outputs = {o: self.values[o][i] for o in node.outputs}
+            if code == RAN:
+                self.events.append(NodeStartEvent(**base, node_type=node.kind, timestamp=started))
+            self.events.append(NodeEndEvent(
+                **base, outputs=outputs, cached=code == HIT, duration_ms=duration if code == RAN else 0.0,
+                started_at=started, worker=_worker_id(),
+            ))
+
+    def _result(self) -> BatchResult:
+        wanted = self.settings.select or self.plan.outputs
+        n = self.n
+        outputs = {k: self.values.get(k, [MISSING] * n) for k in wanted}
+        for i in self.failed:
+            for col in outputs.values():
+                col[i] = MISSING
+        executed = sum(c.count(RAN) for c in self.codes.values())
+        hits = sum(c.count(HIT) for c in self.codes.values())
+        result = BatchResult(
+            self.chunk.offset, n, outputs, dict(self.failed), tuple(n.name for n in self.plan.nodes),
+            self.codes, None, [], executed, hits,
+        )
+        if self.settings.want_events:
+            result.events = self._run_events() + self.events
+        return result
+
+    def _run_events(self) -> list[Event]:
+        s = self.settings
+        events: list[Event] = []
+        for i in range(self.n):
+            index = self.chunk.offset + i
+            error = self.failed.get(i)
+            events.append(RunStartEvent(session_id=s.session_id, run_id=s.run_id(index),
+                                        item_index=index, graph_id=self.plan.graph_hash))
+            events.append(RunEndEvent(session_id=s.session_id, run_id=s.run_id(index),
+                                      item_index=index, status="error" if error else "complete",
+                                      error=error))
+        return events
+
+
+def _token_fn(scope: str, settings: BatchSettings) -> Callable[[int], str | None]:
+    if scope == "run":
+        return settings.run_id
+    token = scope_token(scope, settings.session_id, "")
+    return lambda _index: token
+
+
+def _positional(node: HyperNode) -> Callable[..., Any]:
+    """A callable taking the node's parameters positionally, streams joined."""
+    fn = node.func
+    assert fn is not None
+    params = node.params
+    try:
+        kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
+    except (TypeError, ValueError):
+        kinds = set()
+    if inspect.Parameter.KEYWORD_ONLY in kinds:
+        def fn(*args: Any, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
+            return _f(**dict(zip(params, args)))
+    if node.is_generator:
+        inner = fn
+
+        def fn(*args: Any) -> Any:  # type: ignore[misc]
+            return join_chunks(list(inner(*args)))
+    return fn

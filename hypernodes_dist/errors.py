@@ -1,0 +1,111 @@
+"""Exception types and the helpers that attach node/item context to user errors."""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from collections.abc import Iterable
+
+__all__ = [
+    "GraphBuildError",
+    "DuplicateNodeError",
+    "UnknownTargetError",
+    "AmbiguousProducerError",
+    "InvalidCycleError",
+    "GraphInputError",
+    "MaxIterationsError",
+    "GateDecisionError",
+    "NodeError",
+    "EngineNotFoundError",
+    "annotate",
+    "portable",
+]
+
+
+class GraphBuildError(ValueError):
+    """An invalid graph, raised when the ``Graph`` is built. Names the offending nodes."""
+
+    def __init__(self, message: str, nodes: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.nodes = tuple(nodes)
+
+
+class DuplicateNodeError(GraphBuildError):
+    """Two nodes share one name."""
+
+
+class UnknownTargetError(GraphBuildError):
+    """A branch or gate names a target node that is not in the graph."""
+
+
+class AmbiguousProducerError(GraphBuildError):
+    """Two nodes write one output name and are not mutually exclusive."""
+
+
+class InvalidCycleError(GraphBuildError):
+    """A cycle that no branch or gate controls."""
+
+
+class GraphInputError(ValueError):
+    """Bad inputs to ``run``/``map``: missing, unknown, or of the wrong shape. Names the parameters."""
+
+    def __init__(self, message: str, params: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.params = tuple(params)
+
+
+class MaxIterationsError(RuntimeError):
+    """A loop ran more than ``max_iterations`` executions of one node."""
+
+    def __init__(self, message: str, nodes: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.nodes = tuple(nodes)
+
+
+class GateDecisionError(ValueError):
+    """A branch or gate returned something that is not one of its declared targets."""
+
+
+class NodeError(RuntimeError):
+    """Carries a node failure whose original exception could not cross a process boundary."""
+
+    def __init__(self, message: str, original_type: str = "", traceback_text: str = "") -> None:
+        super().__init__(message)
+        self.original_type = original_type
+        self.traceback_text = traceback_text
+
+
+class EngineNotFoundError(LookupError):
+    """No installed engine plugin has the requested name."""
+
+
+def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseException:
+    """Attach ``node`` (and ``item``) to ``exc`` as a note, once; returns ``exc``."""
+    where = f"in node {node!r}" if item is None else f"in node {node!r} (item {item})"
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = []
+        try:
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        except AttributeError:
+            return exc
+    if not any(n.startswith("hypernodes: ") for n in notes):
+        notes.append(f"hypernodes: failed {where}")
+    exc.hn_node = node  # type: ignore[attr-defined]
+    exc.hn_item = item  # type: ignore[attr-defined]
+    return exc
+
+
+def portable(exc: BaseException) -> BaseException:
+    """Return ``exc`` if it survives pickling, else a ``NodeError`` carrying its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        wrapped = NodeError(f"{type(exc).__name__}: {exc}", type(exc).__qualname__, text)
+        wrapped.__notes__ = list(getattr(exc, "__notes__", []))  # type: ignore[attr-defined]
+        for attr in ("hn_node", "hn_item"):
+            if hasattr(exc, attr):
+                setattr(wrapped, attr, getattr(exc, attr))
+        return wrapped

@@ -1,0 +1,200 @@
+"""``Graph``: a validated set of nodes, wired by parameter names, with run/map/iter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .checkpoint import Checkpoint, capture, restore
+from .engine import Engine
+from .engines import resolve
+from .inputs import check_inputs, check_on_error, check_select, new_run_id, new_session_id
+from .maprun import run_map
+from .nodes import HyperNode
+from .plan import Plan, compile_plan
+from .results import GraphResult, MapResult
+from .runner import LocalRun, responses_for
+from .scheduler import RunState
+from .syncio import run_sync
+
+__all__ = ["Graph"]
+
+
+class Graph:
+    """Nodes wired by parameter names; invalid graphs raise ``ValueError`` subclasses here."""
+
+    def __init__(
+        self,
+        nodes: Sequence[HyperNode],
+        engine: Engine | str | None = None,
+        cache: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        checkpointer: Any = None,
+        *,
+        max_iterations: int = 1000,
+        name: str | None = None,
+    ) -> None:
+        self.nodes: tuple[HyperNode, ...] = tuple(nodes)
+        self.plan: Plan = compile_plan(self.nodes, max_iterations)
+        self.engine: Engine = resolve(engine)
+        self.cache = cache
+        self.callbacks: list[Any] = list(callbacks or [])
+        self.checkpointer = checkpointer
+        self.name = name or "graph"
+        self.handlers: dict[str, Callable[[Any], Any]] = {}
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Parameters no node produces (required and optional)."""
+        return self.plan.inputs
+
+    @property
+    def required_inputs(self) -> tuple[str, ...]:
+        """Inputs some node needs without a default."""
+        return self.plan.required
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every name some node produces, in execution order."""
+        return self.plan.outputs
+
+    @property
+    def graph_hash(self) -> str:
+        return self.plan.graph_hash
+
+    def __repr__(self) -> str:
+        return f"Graph({[n.name for n in self.plan.nodes]}, engine={self.engine!r})"
+
+    # ------------------------------------------------------------------ interrupts
+    def on_interrupt(self, name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+        """Register a handler (sync or async) answering the interrupt called ``name``."""
+        known = {n.name for n in self.plan.interrupts}
+        if name not in known:
+            raise ValueError(
+                f"no interrupt named {name!r}; interrupts: {', '.join(sorted(known)) or 'none'}"
+            )
+
+        def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            self.handlers[name] = fn
+            return fn
+
+        return register
+
+    # ------------------------------------------------------------------ run
+    def run(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        checkpoint: Checkpoint | None = None,
+        resume: bool = False,
+        handlers: Mapping[str, Callable[[Any], Any]] | None = None,
+        select: Iterable[str] | None = None,
+        on_error: str = "raise",
+    ) -> GraphResult:
+        """Run the graph once and return its ``GraphResult`` (sync and async nodes alike)."""
+        needs_loop = (
+            self.plan.is_async or self.engine.parallel_nodes or bool(self.plan.interrupts)
+        )
+        return run_sync(
+            self.arun(inputs, session_id, checkpoint, resume, handlers, select, on_error),
+            needs_loop=needs_loop,
+        )
+
+    async def arun(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        session_id: str | None = None,
+        checkpoint: Checkpoint | None = None,
+        resume: bool = False,
+        handlers: Mapping[str, Callable[[Any], Any]] | None = None,
+        select: Iterable[str] | None = None,
+        on_error: str = "raise",
+    ) -> GraphResult:
+        """The async twin of ``run``."""
+        run = self._prepare(inputs, session_id, checkpoint, resume, handlers, select, on_error)
+        result = await run.execute()
+        self._save(run, result)
+        return result
+
+    def _prepare(
+        self,
+        inputs: Mapping[str, Any] | None,
+        session_id: str | None,
+        checkpoint: Checkpoint | None,
+        resume: bool,
+        handlers: Mapping[str, Callable[[Any], Any]] | None,
+        select: Iterable[str] | None,
+        on_error: str,
+        sink: Callable[[Any], Any] | None = None,
+    ) -> LocalRun:
+        """A ``LocalRun``: fresh, or continuing ``checkpoint`` / the session's latest one."""
+        inputs = dict(inputs or {})
+        select_t = check_select(self.plan, select)
+        check_on_error(on_error)
+        if checkpoint is None and resume:
+            checkpoint = self._latest_checkpoint(session_id)
+        if checkpoint is not None:
+            state, session, run_id = self._continue(checkpoint, inputs)
+        else:
+            responses = {n.response_param for n in self.plan.interrupts}  # type: ignore[attr-defined]
+            check_inputs(self.plan, inputs, allowed=responses)
+            answers = responses_for(self, {k: v for k, v in inputs.items() if k in responses})
+            state = RunState.start({k: v for k, v in inputs.items() if k not in responses})
+            state.responses.update(answers)
+            session, run_id = session_id or new_session_id(), new_run_id()
+        return LocalRun(self, state, session_id=session, run_id=run_id, handlers=handlers,
+                        select=select_t, on_error=on_error, sink=sink)
+
+    def _continue(
+        self, checkpoint: Checkpoint, inputs: dict[str, Any]
+    ) -> tuple[RunState, str, str]:
+        if checkpoint.graph_hash != self.plan.graph_hash:
+            raise ValueError(
+                f"checkpoint {checkpoint.checkpoint_id} was taken from a different graph (the "
+                "graph changed since: nodes, wiring or targets differ); it cannot be resumed"
+            )
+        state = restore(checkpoint)
+        state.responses.update(responses_for(self, inputs))
+        return state, checkpoint.session_id, checkpoint.run_id
+
+    def _latest_checkpoint(self, session_id: str | None) -> Checkpoint | None:
+        if session_id is None:
+            raise ValueError("resume=True needs the session_id whose latest checkpoint to load")
+        if self.checkpointer is None:
+            raise ValueError("resume=True needs a checkpointer: Graph(..., checkpointer=...)")
+        return self.checkpointer.load_latest(session_id)
+
+    def _checkpoint_of(self, run: LocalRun) -> Checkpoint:
+        return capture(run.state, session_id=run.session_id, run_id=run.run_id,
+                       graph_hash=self.plan.graph_hash)
+
+    def _save(self, run: LocalRun, result: GraphResult) -> None:
+        if self.checkpointer is not None and result.checkpoint is not None:
+            self.checkpointer.save_checkpoint(result.checkpoint)
+
+    # ------------------------------------------------------------------ map
+    def map(
+        self,
+        inputs: Mapping[str, Any],
+        map_over: str | Iterable[str],
+        map_mode: str = "zip",
+        session_id: str | None = None,
+        select: Iterable[str] | None = None,
+        on_error: str = "raise",
+        progress: bool = False,
+    ) -> MapResult:
+        """Run every item (zip or product of ``map_over``) on the graph's engine, in order."""
+        return run_map(
+            self.plan,
+            self.engine,
+            inputs,
+            map_over,
+            map_mode=map_mode,
+            session_id=session_id,
+            select=select,
+            on_error=on_error,
+            progress=progress,
+            cache=self.cache,
+            callbacks=self.callbacks,
+        )

@@ -1,0 +1,101 @@
+"""Calling one node: sync or async functions, generators, streaming objects, output unpacking.
+
+This is the only place that knows how a node function is called, so the local scheduler,
+the batch executor and every engine's workers share it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from .nodes import HyperNode
+
+__all__ = ["join_chunks", "split_outputs", "call_node", "OutputShapeError"]
+
+
+class OutputShapeError(ValueError):
+    """A multi-output node returned something that does not unpack into its outputs."""
+
+
+def join_chunks(chunks: list[Any]) -> Any:
+    """Join streamed chunks: str -> ``"".join``, bytes -> ``b"".join``, dict -> merged, else list."""
+    if not chunks:
+        return None
+    first = chunks[0]
+    if isinstance(first, str):
+        return "".join(chunks)
+    if isinstance(first, (bytes, bytearray)):
+        return b"".join(chunks)
+    if isinstance(first, dict):
+        merged: dict[Any, Any] = {}
+        for c in chunks:
+            merged.update(c)
+        return merged
+    return list(chunks)
+
+
+def split_outputs(node: HyperNode, value: Any) -> tuple[Any, ...]:
+    """The node's return value as one value per output name."""
+    outputs = node.outputs
+    if len(outputs) == 1:
+        return (value,)
+    if not outputs:
+        return ()
+    if not isinstance(value, (tuple, list)) or len(value) != len(outputs):
+        got = f"{len(value)} values" if isinstance(value, (tuple, list)) else type(value).__name__
+        raise OutputShapeError(
+            f"node {node.name!r} declares outputs {outputs} but returned {got}; "
+            f"return a tuple of {len(outputs)}"
+        )
+    return tuple(value)
+
+
+ChunkSink = Callable[[Any, int], Any]
+
+
+async def call_node(node: HyperNode, kwargs: dict[str, Any], on_chunk: ChunkSink | None) -> Any:
+    """Call ``node`` with ``kwargs`` and return its value (streams joined).
+
+    Sync functions are called directly (this coroutine then never suspends, so a sync graph
+    can be driven without an event loop); async functions are awaited. ``on_chunk`` receives
+    each streamed chunk with its index; it may return an awaitable.
+    """
+    result = node.func(**kwargs)  # type: ignore[misc]
+    if inspect.isawaitable(result) and not inspect.isasyncgen(result):
+        result = await result
+    if not node.streaming:
+        return result
+    return await _drain(result, on_chunk)
+
+
+async def _drain(stream: Any, on_chunk: ChunkSink | None) -> Any:
+    chunks: list[Any] = []
+    if hasattr(stream, "__aiter__"):
+        async for chunk in stream:
+            await _deliver(on_chunk, chunk, len(chunks))
+            chunks.append(chunk)
+    elif hasattr(stream, "__iter__") and not isinstance(stream, (str, bytes, dict)):
+        for chunk in stream:
+            await _deliver(on_chunk, chunk, len(chunks))
+            chunks.append(chunk)
+    else:
+        return stream  # streaming=True on a plain value: nothing to stream
+    return join_chunks(chunks)
+
+
+async def _deliver(on_chunk: ChunkSink | None, chunk: Any, index: int) -> None:
+    if on_chunk is None:
+        return
+    maybe = on_chunk(chunk, index)
+    if inspect.isawaitable(maybe):
+        await maybe
+
+
+def call_node_sync(node: HyperNode, kwargs: dict[str, Any]) -> Any:
+    """Call a sync node outside any event loop (streams joined, no chunk delivery)."""
+    result = node.func(**kwargs)  # type: ignore[misc]
+    if node.streaming and hasattr(result, "__iter__") and not isinstance(result, (str, bytes, dict)):
+        return join_chunks(list(result))
+    return result

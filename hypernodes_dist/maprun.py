@@ -1,0 +1,126 @@
+"""``map``: expand inputs into a ``MapJob``, hand it to the engine, assemble the ``MapResult``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .batch import BatchResult, BatchSettings
+from .engine import Engine, MapJob
+from .events import dispatch_all
+from .inputs import check_on_error, check_select, expand, new_run_id, new_session_id
+from .plan import MISSING, Plan
+from .results import GraphResult, MapResult
+
+__all__ = ["run_map", "MapCollector"]
+
+
+def run_map(
+    plan: Plan,
+    engine: Engine,
+    inputs: Mapping[str, Any],
+    map_over: str | Iterable[str],
+    *,
+    map_mode: str = "zip",
+    session_id: str | None = None,
+    select: Iterable[str] | None = None,
+    on_error: str = "raise",
+    progress: bool = False,
+    cache: Any = None,
+    callbacks: Sequence[Any] = (),
+) -> MapResult:
+    """Run every item of a map on ``engine``; results in item order."""
+    if plan.interrupts:
+        names = ", ".join(n.name for n in plan.interrupts)
+        raise TypeError(
+            f"map() cannot run a graph with an InterruptNode ({names}); answer interrupts in "
+            "run()/iter() per item instead"
+        )
+    columns, broadcast, n = expand(plan, inputs, map_over, map_mode)
+    settings = BatchSettings(
+        session_id=session_id or new_session_id(),
+        run_prefix=new_run_id() + "-",
+        select=check_select(plan, select),
+        on_error=check_on_error(on_error),
+        cache=cache,
+        want_events=bool(callbacks),
+    )
+    if n == 0:
+        return MapResult([], session_id=settings.session_id)
+    if cache is not None:
+        plan.code_ids()  # hash node code once, in the driver; workers get it with the plan
+    job = MapJob(plan, columns, broadcast, n, settings)
+    collector = MapCollector(job, callbacks, progress, engine.name)
+    try:
+        engine.execute_map(job, collector.accept)
+    finally:
+        collector.close()
+    return collector.result()
+
+
+class MapCollector:
+    """Receives batches in any order; dispatches their events; builds the ordered result."""
+
+    def __init__(self, job: MapJob, callbacks: Sequence[Any], progress: bool, engine: str):
+        self.job = job
+        self.callbacks = callbacks
+        self.batches: list[BatchResult] = []
+        self.done = 0
+        self.hits = 0
+        self.failed = 0
+        self.bar = _progress_bar(job.n, engine) if progress else None
+
+    def accept(self, batch: BatchResult) -> None:
+        self.batches.append(batch)
+        self.done += batch.n
+        self.hits += batch.hits
+        self.failed += len(batch.errors)
+        if self.callbacks:
+            dispatch_all(self.callbacks, batch.events)
+        batch.events = []
+        if self.bar is not None:
+            self.bar.set_postfix(cache_hits=self.hits, errors=self.failed, refresh=False)
+            self.bar.update(batch.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def result(self) -> MapResult:
+        batches = sorted(self.batches, key=lambda b: b.offset)
+        covered = sum(b.n for b in batches)
+        if covered != self.job.n:
+            raise RuntimeError(
+                f"internal error: the engine returned {covered} of {self.job.n} items"
+            )
+        session = self.job.settings.session_id
+        from_row = GraphResult.from_row
+        results: list[GraphResult] = []
+        for b in batches:
+            errors = b.errors
+            if errors:
+                results.extend(from_row(b, i, session, errors.get(i)) for i in range(b.n))
+            else:
+                results.extend(from_row(b, i, session) for i in range(b.n))
+        return MapResult(results, columns=lambda: _columns(batches), session_id=session)
+
+
+def _columns(batches: list[BatchResult]) -> dict[str, list[Any]]:
+    names: dict[str, None] = {}
+    for b in batches:
+        names.update(dict.fromkeys(b.outputs))
+    table: dict[str, list[Any]] = {}
+    for name in names:
+        col: list[Any] = []
+        for b in batches:
+            values = b.outputs.get(name)
+            col.extend([None] * b.n if values is None else
+                       (None if v is MISSING else v for v in values))
+        table[name] = col
+    return table
+
+
+def _progress_bar(total: int, engine: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"map [{engine}]", unit="item", dynamic_ncols=True)

@@ -1,0 +1,371 @@
+"""Node IR: ``@node``, ``@branch``, ``@gate``, ``END`` and ``InterruptNode``.
+
+A node is an immutable description of one step of a graph: its name, the parameters
+it reads (with their defaults), the names it writes, and how to call it. Edges between
+nodes are never declared; the graph infers them from parameter and output names.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+__all__ = [
+    "END",
+    "HyperNode",
+    "FunctionNode",
+    "BranchNode",
+    "GateNode",
+    "InterruptNode",
+    "node",
+    "branch",
+    "gate",
+]
+
+NodeKind = Literal["function", "branch", "gate", "interrupt", "graph"]
+
+
+class _End(str):
+    """The ``END`` sentinel a gate returns to stop the run. It is a ``str`` so it fits in ``Literal``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "END"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_end, ())
+
+
+def _end() -> _End:
+    return END
+
+
+END: _End = _End("__END__")
+
+
+class HyperNode:
+    """Base class of every graph node; the attributes are the node's whole IR."""
+
+    kind: NodeKind = "function"
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        params: Sequence[str],
+        defaults: dict[str, Any],
+        outputs: Sequence[str],
+        func: Callable[..., Any] | None,
+        tags: Iterable[str] = (),
+        cache: bool = True,
+        streaming: bool = False,
+        retries: int = 0,
+        backoff: Any = None,
+        timeout: float | None = None,
+        version: str | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"node name must be a non-empty string, got {name!r}")
+        if retries < 0:
+            raise ValueError(f"node {name!r}: retries must be >= 0, got {retries}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"node {name!r}: timeout must be positive seconds, got {timeout}")
+        self.name = name
+        self.params = tuple(params)
+        self.defaults = dict(defaults)
+        self.outputs = tuple(outputs)
+        self.func = func
+        self.tags = tuple(tags)
+        self.cache = cache
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self.version = version
+        self.is_async = func is not None and (
+            inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
+        )
+        self.is_generator = func is not None and (
+            inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
+        )
+        self.streaming = bool(streaming) or self.is_generator
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Nodes this node activates (branch and gate only)."""
+        return ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.func is None:
+            raise TypeError(f"node {self.name!r} is not callable")
+        return self.func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        outs = ", ".join(self.outputs)
+        return f"{type(self).__name__}({self.name!r}, params={list(self.params)}, outputs=[{outs}])"
+
+
+class FunctionNode(HyperNode):
+    """A plain function node made by ``@node``."""
+
+    kind: NodeKind = "function"
+
+
+class BranchNode(HyperNode):
+    """A bool-returning routing node: activates ``when_true`` or ``when_false``."""
+
+    kind: NodeKind = "branch"
+
+    def __init__(self, *, when_true: str, when_false: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if when_true == when_false:
+            raise ValueError(f"branch {self.name!r}: when_true and when_false are both {when_true!r}")
+        self.when_true = when_true
+        self.when_false = when_false
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return (self.when_true, self.when_false)
+
+
+class GateNode(HyperNode):
+    """A multi-way routing node returning one target name (or ``END``)."""
+
+    kind: NodeKind = "gate"
+
+    def __init__(self, *, choices: Sequence[str], descriptions: dict[str, str], **kwargs: Any):
+        super().__init__(**kwargs)
+        if not choices:
+            raise ValueError(
+                f"gate {self.name!r} declares no targets: annotate its return type with "
+                "Literal['a', 'b', END] or pass gate(targets=[...])"
+            )
+        self.choices = tuple(choices)
+        self.descriptions = dict(descriptions)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(c for c in self.choices if c is not END and c != END)
+
+
+class InterruptNode(HyperNode):
+    """A pause point: surfaces ``input_param`` and waits for a value for ``response_param``."""
+
+    kind: NodeKind = "interrupt"
+
+    def __init__(
+        self,
+        name: str,
+        input_param: str,
+        response_param: str,
+        response_type: type | None = None,
+        tags: Iterable[str] = (),
+    ) -> None:
+        super().__init__(
+            name=name,
+            params=(input_param,),
+            defaults={},
+            outputs=(response_param,),
+            func=None,
+            tags=tags,
+            cache=False,
+        )
+        self.input_param = input_param
+        self.response_param = response_param
+        self.response_type = response_type
+
+
+# ----------------------------------------------------------------------------- signatures
+
+
+def _signature(func: Callable[..., Any], name: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """Parameter names and defaults of ``func``; variadic parameters are rejected."""
+    if not callable(func):
+        raise TypeError(f"node {name!r}: expected a callable, got {type(func).__name__}")
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"node {name!r}: cannot read the signature of {func!r}") from exc
+    params: list[str] = []
+    defaults: dict[str, Any] = {}
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ValueError(
+                f"node {name!r}: parameter {p.name!r} is variadic; graph nodes need named parameters"
+            )
+        if p.kind is p.POSITIONAL_ONLY:
+            raise ValueError(
+                f"node {name!r}: parameter {p.name!r} is positional-only; graph inputs are wired by name"
+            )
+        params.append(p.name)
+        if p.default is not p.empty:
+            defaults[p.name] = p.default
+    return tuple(params), defaults
+
+
+def _outputs(output_name: str | Sequence[str] | None, name: str) -> tuple[str, ...]:
+    if output_name is None:
+        return ()
+    if isinstance(output_name, str):
+        return (output_name,)
+    outs = tuple(output_name)
+    if not outs or not all(isinstance(o, str) and o for o in outs):
+        raise ValueError(f"node {name!r}: output_name must be a string or a tuple of strings")
+    if len(set(outs)) != len(outs):
+        raise ValueError(f"node {name!r}: output_name {outs} repeats a name")
+    return outs
+
+
+def _func_name(func: Callable[..., Any]) -> str:
+    return getattr(func, "__name__", None) or type(func).__name__
+
+
+# ----------------------------------------------------------------------------- decorators
+
+
+def node(
+    func: Callable[..., Any] | None = None,
+    *,
+    output_name: str | Sequence[str] | None = None,
+    name: str | None = None,
+    tags: Iterable[str] = (),
+    cache: bool = True,
+    streaming: bool = False,
+    retries: int = 0,
+    backoff: Any = None,
+    timeout: float | None = None,
+    version: str | None = None,
+) -> Any:
+    """Make a function a graph node writing ``output_name`` (a tuple return is unpacked)."""
+
+    def wrap(f: Callable[..., Any]) -> FunctionNode:
+        if isinstance(f, HyperNode):
+            f = f.func  # re-decorating a node re-wraps its function
+        node_name = name or _func_name(f)
+        params, defaults = _signature(f, node_name)
+        built = FunctionNode(
+            name=node_name,
+            params=params,
+            defaults=defaults,
+            outputs=_outputs(output_name, node_name),
+            func=f,
+            tags=tags,
+            cache=cache,
+            streaming=streaming,
+            retries=retries,
+            backoff=backoff,
+            timeout=timeout,
+            version=version,
+        )
+        _copy_metadata(built, f)
+        return built
+
+    return wrap(func) if func is not None else wrap
+
+
+def branch(
+    func: Callable[..., Any] | None = None,
+    *,
+    when_true: str,
+    when_false: str,
+    name: str | None = None,
+    tags: Iterable[str] = (),
+    cache: bool = False,
+) -> Any:
+    """Make a bool-returning function a routing node between two target node names."""
+
+    def wrap(f: Callable[..., Any]) -> BranchNode:
+        node_name = name or _func_name(f)
+        params, defaults = _signature(f, node_name)
+        built = BranchNode(
+            name=node_name,
+            params=params,
+            defaults=defaults,
+            outputs=(),
+            func=f,
+            tags=tags,
+            cache=cache,
+            when_true=when_true,
+            when_false=when_false,
+        )
+        _copy_metadata(built, f)
+        return built
+
+    return wrap(func) if func is not None else wrap
+
+
+def gate(
+    func: Callable[..., Any] | None = None,
+    *,
+    targets: Sequence[str | tuple[str, str]] | None = None,
+    name: str | None = None,
+    tags: Iterable[str] = (),
+    cache: bool = False,
+) -> Any:
+    """Make a function a multi-way routing node; its targets come from ``Literal[...]``."""
+
+    def wrap(f: Callable[..., Any]) -> GateNode:
+        node_name = name or _func_name(f)
+        params, defaults = _signature(f, node_name)
+        entries = list(targets) if targets is not None else _literal_targets(f, node_name)
+        choices, descriptions = _parse_choices(entries, node_name)
+        built = GateNode(
+            name=node_name,
+            params=params,
+            defaults=defaults,
+            outputs=(),
+            func=f,
+            tags=tags,
+            cache=cache,
+            choices=choices,
+            descriptions=descriptions,
+        )
+        _copy_metadata(built, f)
+        return built
+
+    return wrap(func) if func is not None else wrap
+
+
+def _copy_metadata(built: HyperNode, func: Callable[..., Any]) -> None:
+    for attr in ("__module__", "__qualname__", "__doc__", "__name__"):
+        value = getattr(func, attr, None)
+        if value is not None:
+            try:
+                setattr(built, attr, value)
+            except (AttributeError, TypeError):
+                pass
+    built.__wrapped__ = func  # type: ignore[attr-defined]
+
+
+def _literal_targets(func: Callable[..., Any], name: str) -> list[Any]:
+    annotation = inspect.signature(func).return_annotation
+    if isinstance(annotation, str) or annotation is inspect.Signature.empty:
+        try:
+            annotation = typing.get_type_hints(func).get("return", annotation)
+        except Exception as exc:  # unresolvable forward reference
+            raise ValueError(f"gate {name!r}: cannot resolve its return annotation: {exc}") from exc
+    if typing.get_origin(annotation) is not Literal:
+        raise ValueError(
+            f"gate {name!r}: the return annotation must be Literal[...] of target names "
+            f"(or pass gate(targets=[...])), got {annotation!r}"
+        )
+    return list(typing.get_args(annotation))
+
+
+def _parse_choices(entries: list[Any], name: str) -> tuple[list[str], dict[str, str]]:
+    choices: list[str] = []
+    descriptions: dict[str, str] = {}
+    for entry in entries:
+        if isinstance(entry, tuple) and len(entry) == 2 and all(isinstance(e, str) for e in entry):
+            target, description = entry
+            descriptions[target] = description
+        elif isinstance(entry, str):
+            target = entry
+        else:
+            raise ValueError(
+                f"gate {name!r}: target entries must be names or (name, description), got {entry!r}"
+            )
+        choices.append(END if target == END else target)
+    return choices, descriptions

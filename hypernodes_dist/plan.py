@@ -1,0 +1,106 @@
+"""The executable plan: compiled once per graph, shipped to every engine's workers.
+
+A ``Plan`` holds the nodes in execution order with their argument wiring precomputed, the
+control-flow tables of the reactive scheduler, and the cache-key identities of the nodes.
+It pickles with cloudpickle, so a Dask task or a Daft UDF runs exactly the executor the
+local engine runs (``hypernodes_dist.batch.execute_batch``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from .nodes import HyperNode
+from .topology import Topology, analyze
+
+__all__ = ["Plan", "compile_plan", "MISSING"]
+
+
+class _Missing:
+    """Marks an absent value (an output a failed or skipped item does not have)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+MISSING: Any = _Missing()
+
+
+class Plan:
+    """Nodes in a deterministic order plus everything an executor needs, precomputed."""
+
+    def __init__(self, nodes: Sequence[HyperNode], topology: Topology, max_iterations: int):
+        by_name = {n.name: n for n in nodes}
+        self.topology = topology
+        self.nodes: tuple[HyperNode, ...] = tuple(by_name[n] for n in topology.order)
+        self.position = {n.name: i for i, n in enumerate(self.nodes)}
+        self.by_name = by_name
+        self.max_iterations = max_iterations
+        self.inputs = topology.inputs
+        self.required = topology.required
+        self.producers = topology.producers
+        self.gated = frozenset(topology.deciders)
+        self.outputs = _ordered_outputs(self.nodes)
+        self.ancestors = tuple(topology.ancestors[n.name] for n in self.nodes)
+        self.static = not topology.has_cycles and all(n.kind == "function" for n in self.nodes)
+        self.is_async = any(n.is_async or (n.streaming and not n.is_generator) for n in self.nodes)
+        self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt")
+        self.graph_hash = _structure_hash(self.nodes)
+        self._code_ids: dict[str, str] | None = None
+
+    # -- cache identities (computed in the driver, shipped with the plan) -------------------
+    def code_ids(self) -> dict[str, str]:
+        """Code identity of every cacheable node; computed once, then pickled with the plan."""
+        if self._code_ids is None:
+            from .hashing import hash_code
+
+            self._code_ids = {
+                n.name: hash_code(n.func, n.version)
+                for n in self.nodes
+                if n.cache and n.func is not None and n.kind != "interrupt"
+            }
+        return self._code_ids
+
+    def cacheable(self, node: HyperNode) -> bool:
+        return node.cache and node.kind != "interrupt" and node.func is not None
+
+    def consumers_of(self, name: str) -> tuple[HyperNode, ...]:
+        return tuple(n for n in self.nodes if name in n.params)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __repr__(self) -> str:
+        return f"Plan({[n.name for n in self.nodes]}, static={self.static})"
+
+
+def compile_plan(nodes: Sequence[HyperNode], max_iterations: int = 1000) -> Plan:
+    """Validate ``nodes`` and compile them into a ``Plan``."""
+    if max_iterations < 1:
+        raise ValueError(f"max_iterations must be >= 1, got {max_iterations}")
+    return Plan(nodes, analyze(nodes), max_iterations)
+
+
+def _ordered_outputs(nodes: Sequence[HyperNode]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for n in nodes:
+        seen.update(dict.fromkeys(n.outputs))
+    return tuple(seen)
+
+
+def _structure_hash(nodes: Sequence[HyperNode]) -> str:
+    """Hash of the graph's structure (names, kinds, wiring, targets); not of function bodies."""
+    h = hashlib.blake2b(digest_size=16)
+    for n in sorted(nodes, key=lambda n: n.name):
+        h.update(repr((n.name, n.kind, n.params, sorted(n.defaults), n.outputs, n.targets)).encode())
+    return h.hexdigest()

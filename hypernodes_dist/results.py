@@ -1,0 +1,228 @@
+"""Result types: ``NodeExecution``, ``GraphResult`` (one run) and ``MapResult`` (one map)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, ItemsView, Iterator, KeysView, ValuesView
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    import pandas
+    import pyarrow
+
+__all__ = ["NodeExecution", "GraphResult", "MapResult", "Status"]
+
+Status = Literal["complete", "interrupted", "error"]
+
+
+@dataclass
+class NodeExecution:
+    """One execution of one node in a run (a cycle runs a node several times)."""
+
+    node_id: str
+    step_index: int
+    iteration: int = 0
+    parallel_index: int = 0
+    inputs_hash: str = ""
+    outputs: dict[str, Any] = field(default_factory=dict)
+    cached: bool = False
+    duration_ms: float = 0.0
+    started_at: float = 0.0
+    worker: str = ""
+
+
+class RowSource(Protocol):
+    """Where a map item's result lives until it is read (a ``BatchResult``)."""
+
+    def row(self, i: int) -> dict[str, Any]: ...
+    def history_of(self, i: int) -> list[NodeExecution]: ...
+    def run_id_of(self, i: int) -> str: ...
+
+
+class GraphResult:
+    """The result of one run: dict-like over its outputs, plus ids, status and history."""
+
+    __slots__ = (
+        "_outputs",
+        "_src",
+        "_i",
+        "session_id",
+        "_run_id",
+        "status",
+        "checkpoint",
+        "interrupt",
+        "error",
+        "_history",
+        "_resume",
+    )
+
+    def __init__(
+        self,
+        outputs: dict[str, Any] | None = None,
+        *,
+        session_id: str,
+        run_id: str | None = None,
+        status: Status = "complete",
+        history: list[NodeExecution] | None = None,
+        error: BaseException | None = None,
+        checkpoint: Any = None,
+        interrupt: Any = None,
+        resume: Callable[[dict[str, Any]], GraphResult] | None = None,
+    ) -> None:
+        self._outputs = outputs
+        self._src: RowSource | None = None
+        self._i = 0
+        self.session_id = session_id
+        self._run_id = run_id
+        self.status = status
+        self.error = error
+        self.checkpoint = checkpoint
+        self.interrupt = interrupt
+        self._history = history
+        self._resume = resume
+
+    @classmethod
+    def from_row(
+        cls, src: RowSource, i: int, session_id: str, error: BaseException | None = None
+    ) -> GraphResult:
+        """A map item's result that reads its outputs and history from ``src`` when asked."""
+        r = cls.__new__(cls)
+        r._outputs = None
+        r._src = src
+        r._i = i
+        r.session_id = session_id
+        r._run_id = None
+        r.status = "error" if error is not None else "complete"
+        r.error = error
+        r.checkpoint = None
+        r.interrupt = None
+        r._history = None
+        r._resume = None
+        return r
+
+    # -- lazily materialised parts (a map builds 10^6 of these) --------------------------
+    @property
+    def outputs(self) -> dict[str, Any]:
+        if self._outputs is None:
+            self._outputs = self._src.row(self._i) if self._src is not None else {}
+        return self._outputs
+
+    @property
+    def run_id(self) -> str:
+        if self._run_id is None:
+            self._run_id = self._src.run_id_of(self._i) if self._src is not None else ""
+        return self._run_id
+
+    @property
+    def history(self) -> list[NodeExecution]:
+        if self._history is None:
+            self._history = self._src.history_of(self._i) if self._src is not None else []
+        return self._history
+
+    # -- dict-like interface ---------------------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self.outputs[key]
+        except KeyError:
+            raise KeyError(self._missing_message(key)) from None
+
+    def _missing_message(self, key: str) -> str:
+        if self.status == "error":
+            return f"{key!r} (the run failed: {type(self.error).__name__}: {self.error})"
+        have = ", ".join(sorted(self.outputs)) or "none"
+        return f"{key!r} is not an output of this run (outputs: {have})"
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.outputs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.outputs)
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def keys(self) -> KeysView[str]:
+        return self.outputs.keys()
+
+    def values(self) -> ValuesView[Any]:
+        return self.outputs.values()
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.outputs.items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.outputs.get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GraphResult):
+            return self.outputs == other.outputs and self.status == other.status
+        if isinstance(other, dict):
+            return self.outputs == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- convenience -------------------------------------------------------------------------
+    @property
+    def interrupted(self) -> bool:
+        return self.status == "interrupted"
+
+    def resume(self, response: dict[str, Any]) -> GraphResult:
+        """Continue an interrupted run with ``{response_param: value}``."""
+        if self._resume is None or self.status != "interrupted":
+            raise RuntimeError(f"this run is {self.status!r}; only an interrupted run can resume")
+        return self._resume(response)
+
+    def __repr__(self) -> str:
+        extra = f", error={self.error!r}" if self.error is not None else ""
+        return f"GraphResult(status={self.status!r}, outputs={self.outputs!r}{extra})"
+
+
+class MapResult(list):
+    """The results of one ``map``: a list of ``GraphResult`` in item order."""
+
+    def __init__(
+        self,
+        results: list[GraphResult] | None = None,
+        *,
+        columns: Callable[[], dict[str, list[Any]]] | None = None,
+        session_id: str = "",
+    ) -> None:
+        super().__init__(results or [])
+        self._columns = columns
+        self.session_id = session_id
+
+    @property
+    def errors(self) -> list[GraphResult]:
+        """The failed items."""
+        return [r for r in self if r.status == "error"]
+
+    def column(self, name: str) -> list[Any]:
+        """Every item's value of output ``name`` (``None`` where an item has none)."""
+        return self._table()[name]
+
+    def _table(self) -> dict[str, list[Any]]:
+        if self._columns is not None:
+            return self._columns()
+        names: dict[str, None] = {}
+        for r in self:
+            names.update(dict.fromkeys(r.outputs))
+        return {n: [r.outputs.get(n) for r in self] for n in names}
+
+    def to_arrow(self) -> pyarrow.Table:
+        """The outputs as a ``pyarrow.Table`` (one row per item; failed items are null)."""
+        import pyarrow as pa
+
+        arrays = {}
+        for name, values in self._table().items():
+            try:
+                arrays[name] = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                arrays[name] = pa.array([None if v is None else repr(v) for v in values])
+        return pa.table(arrays) if arrays else pa.table({})
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """The outputs as a ``pandas.DataFrame`` (Python objects kept as they are)."""
+        import pandas as pd
+
+        return pd.DataFrame(self._table())

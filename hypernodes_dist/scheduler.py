@@ -1,0 +1,400 @@
+"""The reactive scheduler: the reference semantics of one run.
+
+A node runs when all its inputs are available and, if it is a branch/gate target, when it
+has a pending activation (one activation, one run). A node that is not a target runs again
+whenever an input it consumes has been written since its last run. Ready nodes run in
+*waves*: the ready nodes none of whose ancestors is ready, in plan order (concurrently with
+``parallel``, sharing one ``step_index``). A consumer whose produced input is absent but has
+a default waits until nothing else can run, then uses the default. ``END`` stops the run;
+an interrupt with no response pauses it with its state intact.
+
+The scheduler is one coroutine for sync and async callers: with sync nodes and no
+parallelism it never suspends, so ``run()`` drives it without an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import GateDecisionError, MaxIterationsError, annotate
+from .events import (
+    Event,
+    GateDecisionEvent,
+    InterruptEvent,
+    NodeEndEvent,
+    NodeErrorEvent,
+    NodeSkippedEvent,
+    NodeStartEvent,
+    ResumeEvent,
+    StreamingChunkEvent,
+    StreamingEndEvent,
+    StreamingStartEvent,
+)
+from .invoke import call_node, split_outputs
+from .keys import Keys, scope_token
+from .nodes import END, HyperNode
+from .plan import MISSING, Plan
+from .results import NodeExecution
+
+__all__ = ["RunState", "RunContext", "Scheduler"]
+
+
+@dataclass
+class RunState:
+    """Everything needed to continue a run; checkpoints serialise it."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    activations: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    produced: dict[str, None] = field(default_factory=dict)
+    responses: dict[str, Any] = field(default_factory=dict)
+    history: list[NodeExecution] = field(default_factory=list)
+    step_index: int = 0
+    ended: bool = False
+    pending_interrupt: str | None = None
+
+    @classmethod
+    def start(cls, inputs: dict[str, Any]) -> RunState:
+        return cls(values=dict(inputs), versions=dict.fromkeys(inputs, 1))
+
+    def write(self, name: str, value: Any, identity: str | None) -> None:
+        self.values[name] = value
+        self.versions[name] = self.versions.get(name, 0) + 1
+        self.produced[name] = None
+        if identity is None:
+            self.ids.pop(name, None)
+        else:
+            self.ids[name] = identity
+
+    def outputs(self) -> dict[str, Any]:
+        values = self.values
+        return {k: values[k] for k in self.produced if k in values}
+
+
+@dataclass
+class RunContext:
+    """Per-run settings: ids, event sink, cache, interrupt handlers, parallelism."""
+
+    session_id: str
+    run_id: str
+    emit: Callable[[Event], Any] | None = None
+    keys: Keys | None = None
+    handlers: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    parallel: bool = False
+    max_workers: int = 4
+    item_index: int | None = None
+    parent_run_id: str | None = None
+
+
+class Scheduler:
+    """Runs one ``RunState`` of one ``Plan`` until it completes, ends, or is interrupted."""
+
+    def __init__(self, plan: Plan, state: RunState, ctx: RunContext) -> None:
+        self.plan = plan
+        self.state = state
+        self.ctx = ctx
+        self._token = (
+            scope_token(ctx.keys.scope, ctx.session_id, ctx.run_id) if ctx.keys else None
+        )
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self) -> None:
+        """Execute waves until nothing is ready, ``END``, or a pending interrupt."""
+        state = self.state
+        try:
+            while not state.ended and state.pending_interrupt is None:
+                wave = self._wave()
+                if not wave:
+                    return
+                if self.ctx.parallel and len(wave) > 1:
+                    await self._run_parallel(wave)
+                    continue
+                for node in wave:
+                    await self._execute(node, state.step_index, 0)
+                    state.step_index += 1
+                    if state.ended or state.pending_interrupt is not None:
+                        return
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+
+    def _wave(self) -> list[HyperNode]:
+        ready = [i for i, n in enumerate(self.plan.nodes) if self._ready(n, deferred=False)]
+        if not ready:
+            ready = [i for i, n in enumerate(self.plan.nodes) if self._ready(n, deferred=True)]
+        mask = 0
+        for i in ready:
+            mask |= 1 << i
+        ancestors = self.plan.ancestors
+        return [self.plan.nodes[i] for i in ready if not ancestors[i] & mask]
+
+    def _ready(self, node: HyperNode, deferred: bool) -> bool:
+        state = self.state
+        name = node.name
+        if name in self.plan.gated:
+            if state.activations.get(name, 0) <= 0:
+                return False
+        elif name in state.counts and self._versions(node) == state.seen.get(name):
+            return False
+        values = state.values
+        producers = self.plan.producers
+        for p in node.params:
+            if p in values:
+                continue
+            if p in producers and not (deferred and p in node.defaults):
+                return False
+            if p not in producers and p not in node.defaults:
+                return False
+        return True
+
+    def _versions(self, node: HyperNode) -> tuple[int, ...]:
+        versions = self.state.versions
+        return tuple(versions.get(p, 0) for p in node.params)
+
+    def _kwargs(self, node: HyperNode) -> dict[str, Any]:
+        values = self.state.values
+        return {p: values[p] if p in values else node.defaults[p] for p in node.params}
+
+    async def _run_parallel(self, wave: list[HyperNode]) -> None:
+        step = self.state.step_index
+        results = await asyncio.gather(
+            *(self._execute(n, step, i) for i, n in enumerate(wave)), return_exceptions=True
+        )
+        self.state.step_index += 1
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    # ------------------------------------------------------------------ one node
+    async def _execute(self, node: HyperNode, step: int, parallel_index: int) -> None:
+        state, name = self.state, node.name
+        if node.kind == "interrupt":
+            await self._interrupt(node, step)
+            return
+        iteration = state.counts.get(name, 0)
+        if iteration >= self.plan.max_iterations:
+            loop = self.plan.topology.cycle_of(name)
+            raise MaxIterationsError(
+                f"node {name!r} ran {iteration} times, the graph's max_iterations; the loop "
+                f"through {', '.join(loop)} does not end",
+                loop,
+            )
+        kwargs = self._kwargs(node)
+        state.seen[name] = self._versions(node)
+        state.counts[name] = iteration + 1
+        if name in self.plan.gated:
+            state.activations[name] -= 1
+        self._emit_start(node, step, kwargs, iteration, parallel_index)
+        started = time.time()
+        t0 = time.perf_counter()
+        try:
+            key = self._key(node)
+            value, cached = MISSING, False
+            if key is not None:
+                hit = self.ctx.keys.cache.get_many([key])  # type: ignore[union-attr]
+                if key in hit:
+                    value, cached = hit[key], True
+            if not cached:
+                value = await self._call(node, kwargs, step)
+                if key is not None:
+                    self.ctx.keys.cache.set_many({key: value})  # type: ignore[union-attr]
+            outputs = self._apply(node, value, key, step)
+        except BaseException as exc:
+            annotate(exc, name, self.ctx.item_index)
+            self._emit_error(node, step, exc, t0, started, iteration)
+            raise
+        duration = (time.perf_counter() - t0) * 1000
+        state.history.append(
+            NodeExecution(name, step, iteration, parallel_index, key or "", outputs, cached,
+                          duration, started)
+        )
+        if self.ctx.emit is not None:
+            self.ctx.emit(NodeEndEvent(
+                **self._base(node, step), outputs=outputs, duration_ms=duration, cached=cached,
+                iteration=iteration, parallel_index=parallel_index, started_at=started,
+            ))
+
+    def _key(self, node: HyperNode) -> str | None:
+        keys = self.ctx.keys
+        if keys is None or not keys.cacheable(node):
+            return None
+        state = self.state
+        ids = []
+        for p in node.params:
+            if p in state.values:
+                ident = state.ids.get(p)
+                if ident is None:
+                    ident = state.ids[p] = keys.value_id(state.values[p])
+                ids.append(ident)
+            else:
+                ids.append(keys.default_id(node, p))
+        return keys.key(node, ids, self._token)
+
+    async def _call(self, node: HyperNode, kwargs: dict[str, Any], step: int) -> Any:
+        emit = self.ctx.emit
+        on_chunk = None
+        if node.streaming and emit is not None:
+            output = node.outputs[0] if node.outputs else ""
+            emit(StreamingStartEvent(**self._base(node, step), output_name=output))
+
+            def on_chunk(chunk: Any, index: int) -> Any:
+                return emit(StreamingChunkEvent(
+                    **self._base(node, step), output_name=output, chunk=chunk, chunk_index=index,
+                ))
+
+        if self.ctx.parallel and not node.is_async:
+            value = await self._in_thread(node, kwargs, on_chunk)
+        else:
+            value = await call_node(node, kwargs, on_chunk)
+        if node.streaming and emit is not None:
+            emit(StreamingEndEvent(
+                **self._base(node, step), output_name=node.outputs[0] if node.outputs else "",
+                final_value=value,
+            ))
+        return value
+
+    async def _in_thread(self, node: HyperNode, kwargs: dict[str, Any], on_chunk: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.ctx.max_workers, thread_name_prefix="hn-node")
+        relay = None
+        if on_chunk is not None:
+            def relay(chunk: Any, index: int) -> None:
+                loop.call_soon_threadsafe(on_chunk, chunk, index)
+
+        from .syncio import run_sync
+
+        def work() -> Any:
+            return run_sync(call_node(node, kwargs, relay), needs_loop=False)
+
+        return await loop.run_in_executor(self._pool, work)
+
+    def _apply(self, node: HyperNode, value: Any, key: str | None, step: int) -> dict[str, Any]:
+        """Write a node's result into the state: outputs, or a branch/gate decision."""
+        if node.kind in ("branch", "gate"):
+            self._decide(node, value, step)
+            return {}
+        state, keys = self.state, self.ctx.keys
+        values = split_outputs(node, value)
+        outputs = dict(zip(node.outputs, values))
+        for out, v in outputs.items():
+            state.write(out, v, keys.output_id(key, out) if key is not None and keys else None)
+        return outputs
+
+    def _decide(self, node: HyperNode, value: Any, step: int) -> None:
+        if node.kind == "branch":
+            if not isinstance(value, bool) and type(value).__name__ != "bool_":
+                raise GateDecisionError(
+                    f"branch {node.name!r} must return a bool, got {type(value).__name__}: {value!r}"
+                )
+            chosen = node.when_true if value else node.when_false  # type: ignore[attr-defined]
+        else:
+            if value is END or value == END:
+                chosen = END
+            elif value not in node.choices:  # type: ignore[attr-defined]
+                allowed = ", ".join(repr(c) for c in node.choices)  # type: ignore[attr-defined]
+                raise GateDecisionError(
+                    f"gate {node.name!r} returned {value!r}, which is not one of its targets "
+                    f"({allowed})"
+                )
+            else:
+                chosen = value
+        activated = () if chosen is END else (chosen,)
+        for target in activated:
+            self.state.activations[target] = self.state.activations.get(target, 0) + 1
+        if chosen is END:
+            self.state.ended = True
+        emit = self.ctx.emit
+        if emit is None:
+            return
+        emit(GateDecisionEvent(
+            **self._base(node, step), gate_id=node.name, decision=value, activated_targets=activated,
+        ))
+        for target in node.targets:
+            if target not in activated:
+                emit(NodeSkippedEvent(
+                    **self._base(self.plan.by_name[target], step),
+                    reason=f"{node.kind} {node.name!r} chose {chosen!r}", skipped_by=node.name,
+                ))
+
+    async def _interrupt(self, node: HyperNode, step: int) -> None:
+        state, name = self.state, node.name
+        value = state.values[node.input_param]  # type: ignore[attr-defined]
+        response = state.responses.pop(name, MISSING)
+        emit = self.ctx.emit
+        if response is not MISSING and emit is not None:
+            emit(ResumeEvent(**self._base(node, step), interrupt_name=name, response_value=response))
+        if response is MISSING and name in self.ctx.handlers:
+            response = self.ctx.handlers[name](value)
+            if inspect.isawaitable(response):
+                response = await response
+        if response is MISSING:
+            state.pending_interrupt = name
+            if emit is not None:
+                emit(InterruptEvent(**self._base(node, step), interrupt_name=name, value=value))
+            return
+        response = _validate_response(node, response)
+        state.seen[name] = self._versions(node)
+        state.counts[name] = state.counts.get(name, 0) + 1
+        if name in self.plan.gated:
+            state.activations[name] -= 1
+        state.write(node.response_param, response, None)  # type: ignore[attr-defined]
+        outputs = {node.response_param: response}  # type: ignore[attr-defined]
+        state.history.append(NodeExecution(name, step, state.counts[name] - 1, 0, "", outputs))
+        if emit is not None:
+            emit(NodeEndEvent(**self._base(node, step), outputs=outputs,
+                              iteration=state.counts[name] - 1))
+
+    # ------------------------------------------------------------------ events
+    def _base(self, node: HyperNode, step: int) -> dict[str, Any]:
+        ctx = self.ctx
+        return {
+            "session_id": ctx.session_id,
+            "run_id": ctx.run_id,
+            "node_id": node.name,
+            "step_index": step,
+            "tags": node.tags,
+            "parent_run_id": ctx.parent_run_id,
+            "item_index": ctx.item_index,
+        }
+
+    def _emit_start(self, node: HyperNode, step: int, kwargs: dict[str, Any], iteration: int,
+                    parallel_index: int) -> None:
+        if self.ctx.emit is not None:
+            self.ctx.emit(NodeStartEvent(
+                **self._base(node, step), inputs=kwargs, node_type=node.kind,
+                iteration=iteration, parallel_index=parallel_index,
+            ))
+
+    def _emit_error(self, node: HyperNode, step: int, exc: BaseException, t0: float,
+                    started: float, iteration: int) -> None:
+        if self.ctx.emit is not None:
+            self.ctx.emit(NodeErrorEvent(
+                **self._base(node, step), error=exc, iteration=iteration, started_at=started,
+                duration_ms=(time.perf_counter() - t0) * 1000,
+            ))
+
+
+def _validate_response(node: HyperNode, response: Any) -> Any:
+    expected = getattr(node, "response_type", None)
+    if expected is None or not isinstance(expected, type) or isinstance(response, expected):
+        return response
+    if isinstance(response, dict):
+        try:
+            return expected(**response)
+        except TypeError:
+            pass
+    raise TypeError(
+        f"interrupt {node.name!r} expects a response of type {expected.__name__} for "
+        f"{node.response_param!r}, got {type(response).__name__}: {response!r}"  # type: ignore[attr-defined]
+    )

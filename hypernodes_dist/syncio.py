@@ -1,0 +1,47 @@
+"""One execution path for sync and async callers.
+
+Every executor is written once, as a coroutine. A coroutine that awaits nothing that
+suspends (a graph of sync nodes) is driven by a single ``send(None)``: no event loop, no
+per-call overhead. Anything else runs on a per-thread event loop, or on a helper thread
+when the caller is itself inside a running loop (Jupyter, async web handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+__all__ = ["run_sync"]
+
+T = TypeVar("T")
+_local = threading.local()
+
+
+def run_sync(coro: Coroutine[Any, Any, T], needs_loop: bool = True) -> T:
+    """Run ``coro`` to completion from synchronous code and return its result."""
+    if not needs_loop:
+        try:
+            coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+        coro.close()
+        raise RuntimeError(
+            "internal error: a coroutine planned as loop-free suspended; please report it"
+        )
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _thread_loop().run_until_complete(coro)
+    with ThreadPoolExecutor(1, thread_name_prefix="hypernodes-sync") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    loop = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        _local.loop = loop
+    return loop
