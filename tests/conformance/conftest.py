@@ -1,0 +1,18 @@
+"""The ``engine`` fixture: every conformance test runs once per engine variant.
+
+Engines are session-scoped (a Dask cluster or a Daft runner starts once per variant)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .engines import all_engines
+
+_ENGINES = all_engines()
+
+
+@pytest.fixture(scope="session", params=[f for _, f in _ENGINES], ids=[n for n, _ in _ENGINES])
+def engine(request):
+    eng = request.param()
+    yield eng
+    eng.close()

@@ -1,0 +1,31 @@
+"""Engine factories of the conformance suite: every engine passes every behaviour.
+
+Each entry is ``(id, factory)``; the factory returns a fresh engine. Engine plugins add
+their variants in ``engines_dask.py`` / ``engines_daft.py`` beside this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypernodes_dist import GraphEngine
+from hypernodes_dist.engine import Engine
+
+Factory = Callable[[], Engine]
+
+LOCAL: list[tuple[str, Factory]] = [
+    ("local", GraphEngine),
+    ("local-batch1", lambda: GraphEngine(batch_size=1)),
+    ("local-parallel", lambda: GraphEngine(parallel_nodes=True, max_workers=3, batch_size=7)),
+]
+
+
+def all_engines() -> list[tuple[str, Factory]]:
+    found = list(LOCAL)
+    for module in ("engines_dask", "engines_daft"):
+        try:
+            mod = __import__(f"tests.conformance.{module}", fromlist=["ENGINES"])
+        except ImportError:
+            continue
+        found.extend(mod.ENGINES)
+    return found
