@@ -212,3 +212,17 @@ def test_clear_by_scope_and_stats(tmp_path: pathlib.Path) -> None:
         cache.clear("nope")
     assert cache.clear() == 5
     assert cache.stats()["entries"] == 0
+
+
+def test_failing_writes_degrade_to_read_only_with_one_warning(tmp_path: pathlib.Path) -> None:
+    cache = DiskCache(tmp_path)
+    cache.set("kept", 1)
+    conn = cache._open()
+    assert conn is not None
+    conn._sql("PRAGMA query_only = 1")  # every write now fails inside SQLite, even for root
+    with pytest.warns(RuntimeWarning, match="cannot write") as record:
+        cache.set_many({"a": 1, "big": b"x" * (1 << 20)})
+        cache.set("b", 2)
+        assert cache.get_many(["kept", "a", "b"]) == {"kept": 1}  # reads keep working
+    assert len(record) == 1
+    assert cache.stats()["writable"] is False
