@@ -8,6 +8,7 @@ nodes are never declared; the graph infers them from parameter and output names.
 from __future__ import annotations
 
 import inspect
+import sys
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -305,11 +306,14 @@ def gate(
     cache: bool = False,
 ) -> Any:
     """Make a function a multi-way routing node; its targets come from ``Literal[...]``."""
+    caller_locals = dict(sys._getframe(1).f_locals)  # resolves local Literal aliases
 
     def wrap(f: Callable[..., Any]) -> GateNode:
         node_name = name or _func_name(f)
         params, defaults = _signature(f, node_name)
-        entries = list(targets) if targets is not None else _literal_targets(f, node_name)
+        entries = (
+            list(targets) if targets is not None else _literal_targets(f, node_name, caller_locals)
+        )
         choices, descriptions = _parse_choices(entries, node_name)
         built = GateNode(
             name=node_name,
@@ -339,11 +343,11 @@ def _copy_metadata(built: HyperNode, func: Callable[..., Any]) -> None:
     built.__wrapped__ = func  # type: ignore[attr-defined]
 
 
-def _literal_targets(func: Callable[..., Any], name: str) -> list[Any]:
+def _literal_targets(func: Callable[..., Any], name: str, localns: dict[str, Any]) -> list[Any]:
     annotation = inspect.signature(func).return_annotation
     if isinstance(annotation, str) or annotation is inspect.Signature.empty:
         try:
-            annotation = typing.get_type_hints(func).get("return", annotation)
+            annotation = typing.get_type_hints(func, localns=localns).get("return", annotation)
         except Exception as exc:  # unresolvable forward reference
             raise ValueError(f"gate {name!r}: cannot resolve its return annotation: {exc}") from exc
     if typing.get_origin(annotation) is not Literal:
