@@ -1,0 +1,119 @@
+"""The batch UDF: one Daft batch of item rows -> ``execute_batch`` -> one payload cell.
+
+The UDF receives the row ids and the mapped input columns of one Daft batch, cuts them
+into runs of consecutive row ids (a ``Chunk`` is a contiguous item range; Daft keeps the
+rows of a batch in order, so this is one run in practice, but nothing relies on it), runs
+the shared plan executor on each run and returns a ``Binary`` column that holds, in the
+batch's first row, a payload naming what happened (the other rows are null and are
+filtered out before anything reaches the driver):
+
+- ``native`` runner: UDFs run in threads of the driver process, so the payload is only a
+  key into ``_MAILBOX`` — ``BatchResult`` objects (values, events, exceptions with their
+  tracebacks) reach the driver without being serialized at all;
+- ``ray`` runner: the payload is the cloudpickled result.
+
+With ``on_error="raise"`` a failing batch returns its (annotated, original) exception as
+its payload instead of raising it inside Daft, which would wrap it in a
+``DaftCoreException``; the driver re-raises it unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import pyarrow as pa
+from daft import Series
+
+from hypernodes_dist.batch import BatchResult, BatchSettings, Chunk, execute_batch
+from hypernodes_dist.errors import portable
+from hypernodes_dist.plan import Plan
+
+__all__ = ["Failure", "make_udf", "receive", "close"]
+
+# native runner only: payloads parked in the driver process, keyed by (map token, serial)
+_MAILBOX: dict[bytes, Any] = {}
+_CANCELLED: set[str] = set()
+_serial = itertools.count()
+_lock = threading.Lock()
+
+
+class Failure:
+    """A batch's exception, carried back to the driver instead of raised inside Daft."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def make_udf(
+    plan: Plan,
+    names: tuple[str, ...],
+    broadcast: dict[str, Any],
+    settings: BatchSettings,
+    token: str,
+    local: bool,
+) -> Callable[..., list[BatchResult] | Failure]:
+    """The function a Daft batch UDF wraps (plan, broadcast and settings in its closure)."""
+
+    def run_batch(rows: Series, *columns: Series) -> pa.Array:
+        n = len(rows)
+        if local and token in _CANCELLED:  # another batch already failed: stop early
+            return pa.nulls(n, pa.large_binary())
+        ids = rows.to_pylist()
+        values = [c.to_pylist() for c in columns]
+        outcome: list[BatchResult] | Failure = []
+        try:
+            for a, b in _runs(ids):
+                chunk = Chunk(ids[a], b - a, {k: v[a:b] for k, v in zip(names, values)}, broadcast)
+                outcome.append(execute_batch(plan, chunk, settings))  # type: ignore[union-attr]
+        except Exception as exc:  # on_error="raise": the first failure, annotated by the core
+            outcome = Failure(exc if local else portable(exc))
+        cells: list[bytes | None] = [None] * n
+        cells[0] = _send(outcome, token, local)
+        return pa.array(cells, pa.large_binary())
+
+    return run_batch
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """``[a, b)`` positions of maximal runs of consecutive row ids."""
+    if ids and ids[-1] - ids[0] == len(ids) - 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return [(0, len(ids))]
+    runs, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append((start, i))
+            start = i
+    return runs
+
+
+def _send(outcome: Any, token: str, local: bool) -> bytes:
+    if not local:
+        return b"P" + cloudpickle.dumps(outcome)
+    key = f"{token}:{next(_serial)}".encode()
+    with _lock:
+        if token in _CANCELLED:  # the driver has stopped reading: park nothing
+            return b"X"
+        _MAILBOX[key] = outcome
+    return b"L" + key
+
+
+def receive(payload: bytes) -> list[BatchResult] | Failure:
+    """The driver side of ``_send``."""
+    if payload[:1] == b"P":
+        return cloudpickle.loads(payload[1:])
+    with _lock:
+        return _MAILBOX.pop(payload[1:])
+
+
+def close(token: str, stopped: bool) -> None:
+    """End one map: parked results go; if it ``stopped`` early, later batches skip work."""
+    prefix = f"{token}:".encode()
+    with _lock:
+        if stopped:  # one short string per failed map, so late batches park nothing
+            _CANCELLED.add(token)
+        for key in [k for k in _MAILBOX if k.startswith(prefix)]:
+            del _MAILBOX[key]
