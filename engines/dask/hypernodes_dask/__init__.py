@@ -1,0 +1,12 @@
+"""Dask engine for hypernodes-dist: ``map()`` compiled into a batched Dask task graph.
+
+Registered under the entry point ``dask`` of the ``hypernodes_dist.engines`` group, so
+``from hypernodes_dist.engines import DaskEngine`` and ``Graph(..., engine="dask")`` find it.
+"""
+
+from __future__ import annotations
+
+from .compile import UnpicklableError
+from .engine import DaskEngine, auto_partition_size
+
+__all__ = ["DaskEngine", "UnpicklableError", "auto_partition_size"]

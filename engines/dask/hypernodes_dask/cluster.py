@@ -1,0 +1,116 @@
+"""Where Dask work runs: a distributed client (given, connected, or on a new LocalCluster)
+and the persistent process pool of ``scheduler="processes"``.
+
+Ownership rule: a resource is closed only by whoever created it. A ``Client`` passed in is
+never closed; a client connected to ``address``, a ``LocalCluster`` we started, our process
+pool and our temporary directory are closed by ``close()``. Everything starts lazily, on the
+first map that needs it, so building a ``DaskEngine`` is free.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+__all__ = ["ClientHandle", "ProcessPool"]
+
+
+class ClientHandle:
+    """A ``distributed.Client``: the given one, one connected to ``address``, or a LocalCluster's."""
+
+    def __init__(self, client: Any = None, address: str | None = None,
+                 n_workers: int | None = None, cluster_kwargs: dict[str, Any] | None = None):
+        if client is not None and getattr(client, "asynchronous", False):
+            raise ValueError("DaskEngine needs a synchronous distributed.Client (asynchronous=False)")
+        self._client = client
+        self._owns_client = client is None
+        self.address = address
+        self.n_workers = n_workers
+        self.cluster_kwargs = dict(cluster_kwargs or {})
+        self._cluster: Any = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                from distributed import Client
+
+                if self.address is not None:
+                    self._client = Client(self.address, set_as_default=False)
+                else:
+                    self._cluster = self._start_cluster()
+                    self._client = Client(self._cluster, set_as_default=False)
+            return self._client
+
+    def _start_cluster(self) -> Any:
+        from distributed import LocalCluster
+
+        options: dict[str, Any] = {
+            "processes": True,
+            "dashboard_address": ":0",
+            "silence_logs": logging.WARNING,
+        }
+        if self.n_workers is not None:
+            options["n_workers"] = self.n_workers
+        options.update(self.cluster_kwargs)
+        return LocalCluster(**options)
+
+    def workers(self) -> int:
+        """Threads across the cluster's workers (at least 1)."""
+        return max(1, sum(self.client().nthreads().values()))
+
+    @property
+    def started(self) -> bool:
+        return self._client is not None
+
+    def close(self) -> None:
+        with self._lock:
+            client, cluster = self._client, self._cluster
+            if self._owns_client:
+                self._client, self._cluster = None, None
+                if client is not None:
+                    client.close()
+                if cluster is not None:
+                    cluster.close()
+
+
+class ProcessPool:
+    """A process pool kept across maps (spawning workers costs ~1 s), plus a scratch directory."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._dir: str | None = None
+        self._lock = threading.Lock()
+
+    def pool(self) -> ProcessPoolExecutor:
+        from dask.multiprocessing import get_context, initialize_worker_process
+
+        with self._lock:
+            if self._pool is not None and getattr(self._pool, "_broken", False):
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.workers, mp_context=get_context(), initializer=initialize_worker_process
+                )
+            return self._pool
+
+    def scratch(self) -> str:
+        with self._lock:
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="hypernodes-dask-")
+            return self._dir
+
+    def close(self) -> None:
+        with self._lock:
+            pool, directory = self._pool, self._dir
+            self._pool, self._dir = None, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)

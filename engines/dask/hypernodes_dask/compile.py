@@ -1,0 +1,200 @@
+"""Compile one ``MapJob`` into a Dask task graph: one key for what items share, one task per partition.
+
+Graph shape (``dask.task_spec`` — ``Task``/``TaskRef``/``DataNode`` — the API every Dask
+scheduler and ``distributed`` consume natively)::
+
+    ("hn-shared-<token>",)            DataNode: Payload(plan, broadcast, settings)
+    ("hn-batch-<token>", 0) ... (k-1) Task(run_partition, TaskRef(shared), offset, n, columns)
+
+``run_partition`` runs the core's ``execute_batch`` over its slice of the mapped columns, so
+the control flow of a run (branches, gates, ``END``, cycles) happens inside the task with
+exactly the local engine's semantics. The task count is ``ceil(n / partition_size)``: it grows
+with items / partition size, never with items x nodes.
+
+What every task shares — the plan, the broadcast inputs and the settings (cache handle) —
+exists once per map call:
+
+- threads / sync: the ``Payload`` object itself is the shared key (no copy at all);
+- processes / distributed: it is cloudpickled once in the driver into a ``Shipment``. On the
+  process pool the bytes go to a temporary file and the shared key is only its path; on a
+  cluster the ``Shipment`` is scattered once (replicated to every worker, so losing a worker
+  does not lose it) and the graph references the future. Either way each worker process
+  unpickles it once per map (``Shipment.load`` memoizes by digest).
+
+The token is a fresh UUID per map call: map work is never deduplicated with another call's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+from dask.task_spec import DataNode, Task, TaskRef
+
+from hypernodes_dist.batch import BatchResult, BatchSettings, Chunk, execute_batch
+from hypernodes_dist.engine import MapJob
+from hypernodes_dist.errors import portable
+from hypernodes_dist.plan import Plan
+
+__all__ = [
+    "Payload",
+    "Shipment",
+    "UnpicklableError",
+    "build_graph",
+    "pickle_payload",
+    "run_partition",
+    "write_shipment",
+]
+
+
+class UnpicklableError(TypeError):
+    """A node or an input cannot be sent to worker processes; names the node or parameter."""
+
+
+@dataclass
+class Payload:
+    """What every partition of one map shares."""
+
+    plan: Plan
+    broadcast: dict[str, Any]
+    settings: BatchSettings
+
+
+# ------------------------------------------------------------------ shipping to processes
+
+_LOADED: OrderedDict[str, Payload] = OrderedDict()
+_LOADED_LOCK = threading.Lock()
+_KEEP = 4  # payloads of recent maps kept unpickled per worker process
+
+
+@dataclass
+class Shipment:
+    """A pickled ``Payload``: inline bytes (``data``) or a file on this machine (``path``)."""
+
+    digest: str
+    data: bytes | None = None
+    path: str | None = None
+
+    def load(self) -> Payload:
+        """The payload, unpickled once per process and map (tasks of one map share it)."""
+        with _LOADED_LOCK:
+            found = _LOADED.get(self.digest)
+            if found is not None:
+                _LOADED.move_to_end(self.digest)
+                return found
+            if self.data is not None:
+                payload = cloudpickle.loads(self.data)
+            else:
+                assert self.path is not None
+                with open(self.path, "rb") as f:
+                    payload = cloudpickle.load(f)
+            _LOADED[self.digest] = payload
+            while len(_LOADED) > _KEEP:
+                _LOADED.popitem(last=False)
+            return payload
+
+
+def pickle_payload(job: MapJob, where: str) -> tuple[bytes, str]:
+    """``(bytes, digest)`` of the job's payload, or ``UnpicklableError`` naming the culprit.
+
+    Runs in the driver before anything is submitted. The mapped columns travel with the
+    tasks, so their first item is checked too (a type that does not pickle fails early).
+    """
+    payload = Payload(job.plan, job.broadcast, job.settings)
+    try:
+        data = cloudpickle.dumps(payload)
+    except Exception as exc:
+        raise _culprit(job, where, exc) from exc
+    for name, column in job.columns.items():
+        if len(column):
+            _check(column[0], f"input {name!r} (item 0)", where)
+    return data, hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _culprit(job: MapJob, where: str, exc: Exception) -> UnpicklableError:
+    for node in job.plan.nodes:
+        try:
+            cloudpickle.dumps(node)
+        except Exception as inner:
+            return UnpicklableError(
+                f"node {node.name!r} cannot be sent to {where}: it does not pickle "
+                f"({type(inner).__name__}: {inner}); define it at module level or avoid "
+                "capturing locks, sockets or open files"
+            )
+    for name, value in job.broadcast.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as inner:
+            return UnpicklableError(
+                f"input {name!r} cannot be sent to {where}: it does not pickle "
+                f"({type(inner).__name__}: {inner})"
+            )
+    return UnpicklableError(f"the map settings cannot be sent to {where}: {exc}")
+
+
+def _check(value: Any, what: str, where: str) -> None:
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        raise UnpicklableError(
+            f"{what} cannot be sent to {where}: it does not pickle ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def write_shipment(data: bytes, digest: str, directory: str) -> Shipment:
+    """Write the payload bytes once to ``directory``; tasks carry only the path."""
+    path = os.path.join(directory, f"payload-{digest}-{uuid.uuid4().hex[:8]}.pkl")
+    with open(path, "wb") as f:
+        f.write(data)
+    return Shipment(digest, path=path)
+
+
+# ------------------------------------------------------------------ the task
+
+
+def run_partition(shared: Payload | Shipment, offset: int, n: int,
+                  columns: dict[str, Sequence[Any]]) -> BatchResult:
+    """One Dask task: items ``offset .. offset+n`` through the shared plan executor."""
+    remote = isinstance(shared, Shipment)
+    payload = shared.load() if remote else shared
+    chunk = Chunk(offset, n, columns, payload.broadcast)
+    try:
+        return execute_batch(payload.plan, chunk, payload.settings)
+    except Exception as exc:
+        if remote:  # the error crosses a process boundary: make sure it pickles
+            raise portable(exc) from None
+        raise
+
+
+# ------------------------------------------------------------------ the graph
+
+
+def build_graph(job: MapJob, partition_size: int, shared: Any = None,
+                shared_key: Any = None) -> tuple[dict[Any, Any], list[Any]]:
+    """The task graph of ``job`` and its output keys (one per partition, in item order).
+
+    ``shared`` (the payload or a ``Shipment``) becomes one ``DataNode`` key of the graph;
+    alternatively ``shared_key`` names data already on the cluster (a scattered future's
+    key), which the tasks then reference without embedding it.
+    """
+    token = uuid.uuid4().hex
+    dsk: dict[Any, Any] = {}
+    if shared_key is None:
+        shared_key = (f"hn-shared-{token}",)
+        dsk[shared_key] = DataNode(shared_key, shared)
+    ref = TaskRef(shared_key)
+    name = f"hn-batch-{token}"
+    keys = []
+    for i, (start, stop) in enumerate(job.bounds(partition_size)):
+        key = (name, i)
+        cols = {k: v[start:stop] for k, v in job.columns.items()}
+        dsk[key] = Task(key, run_partition, ref, start, stop - start, cols)
+        keys.append(key)
+    return dsk, keys
