@@ -194,6 +194,7 @@ class _Columnar:
         self.wanted = set(settings.select or plan.outputs)
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
+        self.pending: dict[str, Any] = {}  # cache writes, flushed once per batch
 
     async def run(self) -> BatchResult:
         hits: dict[str, dict[int, Any]] = {}
@@ -202,10 +203,14 @@ class _Columnar:
                 self._precompute_keys(node)
             if not self.settings.want_events:  # events report every node: fetch everything
                 hits = self._plan_demand()
-        for node in self.plan.nodes:
-            todo = self._todo(node, hits.get(node.name))
-            if todo:
-                await self._execute(node, todo)
+        try:
+            for node in self.plan.nodes:
+                todo = self._todo(node, hits.get(node.name))
+                if todo:
+                    await self._execute(node, todo)
+        finally:  # one write transaction per batch; finished work is kept even on a raise
+            if self.pending:
+                self.cache.set_many(self.pending)
         return self._result()
 
     # -- demand: which items must resolve each node (chained keys make warm runs cheap) -----
@@ -246,7 +251,7 @@ class _Columnar:
             if ident is None:
                 return  # produced by a node without a precomputable key: key comes later
             arg_ids.append(ident)
-        self.node_keys[node.name] = self._keys_for(node, arg_ids, range(self.n))
+        self.node_keys[node.name] = self._keys_for(node, arg_ids)
 
     def _input_ids(self, node: HyperNode, p: str) -> list[str] | str | None:
         found = self.ids.get(p)
@@ -269,15 +274,14 @@ class _Columnar:
         self.ids[p] = found
         return found
 
-    def _keys_for(self, node: HyperNode, arg_ids: list[Any], items: Sequence[int]) -> list[str]:
-        keys, settings = self.keys, self.settings
+    def _keys_for(self, node: HyperNode, arg_ids: list[Any]) -> list[str]:
+        keys, s = self.keys, self.settings
         assert keys is not None
-        token_of = _token_fn(keys.scope, settings)
-        out = []
-        for i in items:
-            ids = [a if isinstance(a, str) else a[i] for a in arg_ids]
-            out.append(keys.key(node, ids, token_of(self.chunk.offset + i)))
-        return out
+        if keys.scope == "run":
+            tokens: Any = [s.run_id(self.chunk.offset + i) for i in range(self.n)]
+        else:
+            tokens = scope_token(keys.scope, s.session_id, "")
+        return keys.column_keys(node, arg_ids, self.n, tokens)
 
     def _lookup(self, node: HyperNode, items: Sequence[int]) -> dict[int, Any]:
         node_keys = self.node_keys[node.name]
@@ -320,7 +324,7 @@ class _Columnar:
         if dupes:
             self._store(node, {i: done[j] for i, j in dupes.items() if j in done}, HIT)
         if node_keys is not None and done:
-            self.cache.set_many({node_keys[i]: v for i, v in done.items()})
+            self.pending.update({node_keys[i]: v for i, v in done.items()})
 
     def _late_keys(self, node: HyperNode) -> None:
         """Keys of a node downstream of a non-cacheable one: hash the values it received."""
@@ -333,7 +337,7 @@ class _Columnar:
             else:
                 ident = self._input_ids(node, p)
                 arg_ids.append(ident if ident is not None else "")
-        self.node_keys[node.name] = self._keys_for(node, arg_ids, range(self.n))
+        self.node_keys[node.name] = self._keys_for(node, arg_ids)
 
     def _store(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
         codes = self.codes[node.name]
@@ -486,13 +490,6 @@ class _Columnar:
                                       item_index=index, status="error" if error else "complete",
                                       error=error))
         return events
-
-
-def _token_fn(scope: str, settings: BatchSettings) -> Callable[[int], str | None]:
-    if scope == "run":
-        return settings.run_id
-    token = scope_token(scope, settings.session_id, "")
-    return lambda _index: token
 
 
 def _positional(node: HyperNode) -> Callable[..., Any]:

@@ -223,14 +223,20 @@ class DiskCache:
                 raw[key] = blob
         return raw
 
-    def _bulk_select(self, cache: diskcache.Cache, keys: Sequence[str]) -> dict[str, Any]:
+    def _connection(self, cache: diskcache.Cache) -> sqlite3.Connection:
+        """This thread's own autocommit connection to the cache database (reopened after fork)."""
         local = self._local
         con = getattr(local, "con", None)
         if con is None or local.pid != os.getpid():
             db = os.path.join(cache.directory, diskcache.core.DBNAME)
             timeout = float(self._options.get("timeout", _DEFAULTS["timeout"]))
             con = sqlite3.connect(db, timeout=timeout, isolation_level=None)
+            con.execute("PRAGMA synchronous=NORMAL")  # diskcache's own setting (WAL journal)
             local.con, local.pid = con, os.getpid()
+        return con
+
+    def _bulk_select(self, cache: diskcache.Cache, keys: Sequence[str]) -> dict[str, Any]:
+        con = self._connection(cache)
         raw: dict[str, Any] = {}
         now = time.time()
         for start in range(0, len(keys), 500):
@@ -276,11 +282,34 @@ class DiskCache:
             for key, blob in large:
                 cache.set(key, blob, tag=tag)
             if small:
-                with cache.transact():
-                    for key, blob in small:
-                        cache.set(key, blob, tag=tag)
+                self._insert_small(cache, small, tag)
         except _DB_ERRORS as exc:
             self._degrade("cannot write to the cache", exc, writes_only=True)
+
+    def _insert_small(self, cache: diskcache.Cache, rows: list[tuple[str, bytes]], tag: str) -> None:
+        """One ``executemany`` in one write transaction (~10x diskcache's per-key ``set``).
+
+        Keys are content addresses, so an existing row already holds this value: conflicts
+        are skipped. diskcache's own triggers keep its count/size settings right."""
+        if not self._bulk_ok:
+            with cache.transact():
+                for key, blob in rows:
+                    cache.set(key, blob, tag=tag)
+            return
+        con = self._connection(cache)
+        now = time.time()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            con.executemany(
+                "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count,"
+                " tag, size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, ?, 0, ?, NULL, ?)"
+                " ON CONFLICT(key, raw) DO NOTHING",
+                [(key, now, now, tag, diskcache.core.MODE_RAW, blob) for key, blob in rows],
+            )
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
 
     def _evict(self, cache: diskcache.Cache, bad: Sequence[str]) -> None:
         log.debug("hypernodes cache: evicting %d corrupt entries from %s", len(bad), self.path)

@@ -138,9 +138,26 @@ def node_key(
     sorted by name). ``scope_token`` is the session id (scope ``"session"``), the run id (scope
     ``"run"``) or ``None`` (scope ``"global"``).
     """
-    flat = [p for name, vid in sorted(arg_ids) for p in (name, vid)]
-    token = ("S", scope_token) if scope_token is not None else ("G",)
-    return combine("hn-node-v1", code_id, *token, str(len(arg_ids)), *flat)
+    pairs = sorted(arg_ids)
+    return key_from(key_prefix(code_id, [n for n, _ in pairs], scope_token), [v for _, v in pairs])
+
+
+def chain_id(key: str, output: str) -> str:
+    """Identity of output ``output`` of the node execution whose key is ``key``."""
+    return xxh3_128_hexdigest(f"hn-out-v1|{key}|{output}".encode("utf-8", "surrogatepass"))
+
+
+def key_prefix(code_id: str, names: Sequence[str], scope_token: str | None = None) -> str:
+    """The part of a node key fixed for one node and scope; ``names`` sorted by the caller."""
+    token = f"S{len(scope_token)}:{scope_token}" if scope_token is not None else "G"
+    return f"hn-node-v2|{code_id}|{token}|{len(names)}|{'|'.join(names)}|"
+
+
+def key_from(prefix: str, value_ids: Sequence[str]) -> str:
+    """A node key from its ``key_prefix`` and the value ids in the prefix's name order.
+
+    Value ids are fixed-length hex digests, so joining them with ``|`` is unambiguous."""
+    return xxh3_128_hexdigest("|".join(value_ids).join((prefix, "")).encode())
 
 
 # --------------------------------------------------------------------------- containers

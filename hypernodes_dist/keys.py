@@ -1,16 +1,19 @@
 """Cache keys of node executions, shared by every executor and every engine's workers.
 
 Keys *chain*: the identity of a value a cacheable node produced is derived from that
-node's key (``combine(key, output)``), not from the value. A warm run can therefore compute
-every key of an item from its inputs alone and fetch only the outputs it returns. Values
-from graph inputs, defaults and non-cacheable nodes are identified by their content hash.
+node's key (``chain_id(key, output)``), not from the value. A warm run can therefore
+compute every key of an item from its inputs alone and fetch only the outputs it returns.
+Values from graph inputs, defaults and non-cacheable nodes are identified by their content
+hash. A key = hash(code identity, (parameter, value identity) pairs, session/run token).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
+from .hashing import chain_id, hash_value, key_from, key_prefix
 from .nodes import HyperNode
 from .plan import Plan
 
@@ -30,33 +33,65 @@ class Keys:
     """Key arithmetic for one plan and one cache."""
 
     def __init__(self, plan: Plan, cache: Any) -> None:
-        from . import hashing
-
-        self._hashing = hashing
         self.cache = cache
         self.scope = getattr(cache, "scope", "global")
         self.code_ids = plan.code_ids()
-        self._out_ids: dict[str, str] = {}
+        self._layouts: dict[str, tuple[list[int], list[str]]] = {}
+        self._prefixes: dict[tuple[str, str | None], str] = {}
         self._default_ids: dict[tuple[str, str], str] = {}
 
     def cacheable(self, node: HyperNode) -> bool:
         return node.name in self.code_ids
 
-    def value_id(self, value: Any) -> str:
-        return self._hashing.hash_value(value)
+    @staticmethod
+    def value_id(value: Any) -> str:
+        return hash_value(value)
 
     def default_id(self, node: HyperNode, param: str) -> str:
         memo = (node.name, param)
         found = self._default_ids.get(memo)
         if found is None:
-            found = self._default_ids[memo] = self._hashing.hash_value(node.defaults[param])
+            found = self._default_ids[memo] = hash_value(node.defaults[param])
+        return found
+
+    def _layout(self, node: HyperNode) -> tuple[list[int], list[str]]:
+        found = self._layouts.get(node.name)
+        if found is None:
+            perm = sorted(range(len(node.params)), key=lambda i: node.params[i])
+            found = self._layouts[node.name] = (perm, [node.params[i] for i in perm])
+        return found
+
+    def _prefix(self, node: HyperNode, token: str | None) -> str:
+        memo = (node.name, token)
+        found = self._prefixes.get(memo)
+        if found is None:
+            found = key_prefix(self.code_ids[node.name], self._layout(node)[1], token)
+            if self.scope != "run":  # run tokens are unique: memoising them only leaks
+                self._prefixes[memo] = found
         return found
 
     def key(self, node: HyperNode, arg_ids: Sequence[str], token: str | None) -> str:
-        return self._hashing.node_key(self.code_ids[node.name], list(zip(node.params, arg_ids)), token)
+        """The key of one execution; ``arg_ids`` in the node's parameter order."""
+        perm = self._layout(node)[0]
+        return key_from(self._prefix(node, token), [arg_ids[i] for i in perm])
 
-    def output_id(self, key: str, output: str) -> str:
-        out = self._out_ids.get(output)
-        if out is None:
-            out = self._out_ids[output] = self._hashing.hash_value(output)
-        return self._hashing.combine(key, out)
+    def column_keys(
+        self,
+        node: HyperNode,
+        arg_ids: Sequence[Sequence[str] | str],
+        n: int,
+        tokens: Sequence[str | None] | str | None,
+    ) -> list[str]:
+        """Keys of ``n`` items at once. Each arg id is one id for every item or a column of
+        ``n``; ``tokens`` is one scope token for every item or a column of ``n``."""
+        perm = self._layout(node)[0]
+        cols = [arg_ids[i] for i in perm]
+        rows = zip(*(repeat(c, n) if isinstance(c, str) else c for c in cols)) if cols else repeat((), n)
+        if tokens is None or isinstance(tokens, str):
+            prefix = self._prefix(node, tokens)
+            return [key_from(prefix, ids) for ids in rows]
+        return [key_from(self._prefix(node, t), ids) for t, ids in zip(tokens, rows)]
+
+    @staticmethod
+    def output_id(key: str, output: str) -> str:
+        return chain_id(key, output)
