@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml engines/dask/pyproject.toml engines/daft/pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/enrich.py
+	$(PY) examples/enrich.py --rows 2000
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
