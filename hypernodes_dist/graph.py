@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .checkpoint import Checkpoint, capture, restore
+from .checkpoint import Checkpoint, restore
 from .engine import Engine
 from .engines import resolve
 from .inputs import check_inputs, check_on_error, check_select, new_run_id, new_session_id
@@ -16,6 +16,9 @@ from .results import GraphResult, MapResult
 from .runner import LocalRun, responses_for
 from .scheduler import RunState
 from .syncio import run_sync
+
+if TYPE_CHECKING:
+    from .graphrun import GraphRun
 
 __all__ = ["Graph"]
 
@@ -113,9 +116,29 @@ class Graph:
     ) -> GraphResult:
         """The async twin of ``run``."""
         run = self._prepare(inputs, session_id, checkpoint, resume, handlers, select, on_error)
-        result = await run.execute()
-        self._save(run, result)
-        return result
+        return await run.execute()
+
+    # ------------------------------------------------------------------ iter
+    def iter(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        checkpoint: Checkpoint | None = None,
+        resume: bool = False,
+        session_id: str | None = None,
+        *,
+        handlers: Mapping[str, Callable[[Any], Any]] | None = None,
+        select: Iterable[str] | None = None,
+    ) -> GraphRun:
+        """Interactive run: ``async with graph.iter(...) as run: async for event in run: ...``"""
+        if not getattr(self.engine, "supports_iter", False):
+            raise TypeError(
+                f"{type(self.engine).__name__} (engine {getattr(self.engine, 'name', '?')!r}) "
+                "cannot stream events: iter() runs on GraphEngine only; use run() or map() here"
+            )
+        from .graphrun import GraphRun
+
+        run = self._prepare(inputs, session_id, checkpoint, resume, handlers, select, "raise")
+        return GraphRun(run)
 
     def _prepare(
         self,
@@ -134,6 +157,8 @@ class Graph:
         check_on_error(on_error)
         if checkpoint is None and resume:
             checkpoint = self._latest_checkpoint(session_id)
+            if checkpoint is not None and checkpoint.status == "complete":
+                checkpoint = None  # the session's last run finished: a fresh run
         if checkpoint is not None:
             state, session, run_id = self._continue(checkpoint, inputs)
         else:
@@ -166,12 +191,7 @@ class Graph:
         return self.checkpointer.load_latest(session_id)
 
     def _checkpoint_of(self, run: LocalRun) -> Checkpoint:
-        return capture(run.state, session_id=run.session_id, run_id=run.run_id,
-                       graph_hash=self.plan.graph_hash)
-
-    def _save(self, run: LocalRun, result: GraphResult) -> None:
-        if self.checkpointer is not None and result.checkpoint is not None:
-            self.checkpointer.save_checkpoint(result.checkpoint)
+        return run.checkpoint()
 
     # ------------------------------------------------------------------ map
     def map(

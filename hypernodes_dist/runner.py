@@ -2,7 +2,10 @@
 
 ``LocalRun`` owns a ``RunState`` and drives the ``Scheduler`` over it; an interrupted run
 keeps its state, so ``resume`` continues the same run (same ``run_id``) without re-running
-completed nodes.
+completed nodes. ``run()``/``arun()`` call ``execute()``; ``iter()`` (``GraphRun``) calls its
+parts: ``begin()`` once, ``advance()`` after each answer, ``finish()`` once. With a
+checkpointer, the run saves a checkpoint at every step boundary after the first, at a pause,
+on completion and on failure (durability is part of the run, not a callback).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .events import Event, RunEndEvent, RunStartEvent, dispatch
+from .checkpoint import Checkpoint, capture, new_checkpoint_id, refetch
+from .events import Event, RunEndEvent, RunStartEvent, StateSnapshotEvent, dispatch
 from .keys import Keys
 from .results import GraphResult
 from .scheduler import RunContext, RunState, Scheduler
@@ -68,6 +72,9 @@ class LocalRun:
         self.on_error = on_error
         self.sink = sink
         self.error: BaseException | None = None
+        self.status: str | None = None  # None until the run first stops
+        self.ctx: RunContext | None = None
+        self._t0 = 0.0
 
     def emit(self, event: Event) -> Any:
         if self.graph.callbacks:
@@ -79,11 +86,13 @@ class LocalRun:
     def _emitter(self) -> Callable[[Event], Any] | None:
         return self.emit if (self.graph.callbacks or self.sink is not None) else None
 
-    async def execute(self) -> GraphResult:
+    # ------------------------------------------------------------------ the three phases
+    def begin(self) -> None:
+        """Set up the run's context and announce it (``RunStartEvent``, ``StateSnapshotEvent``)."""
         graph, state = self.graph, self.state
         emit = self._emitter()
         engine = graph.engine
-        ctx = RunContext(
+        self.ctx = RunContext(
             self.session_id,
             self.run_id,
             emit=emit,
@@ -91,29 +100,80 @@ class LocalRun:
             handlers=self.handlers,
             parallel=engine.parallel_nodes,
             max_workers=engine.max_workers,
+            state_events=emit is not None,
+            on_step=self._on_step if graph.checkpointer is not None else None,
         )
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
         if emit:
             emit(RunStartEvent(session_id=self.session_id, run_id=self.run_id,
-                               inputs=dict(state.values), graph_id=graph.plan.graph_hash))
+                               inputs=dict(state.values), graph_id=graph.plan.graph_hash,
+                               step_index=state.step_index))
+            emit(StateSnapshotEvent(session_id=self.session_id, run_id=self.run_id,
+                                    state=dict(state.values), step_index=state.step_index))
+
+    async def advance(self) -> str:
+        """Run until nothing can run, ``END``, a pause or a failure; return the status.
+
+        A failure is re-raised with ``on_error="raise"``; either way it is checkpointed.
+        """
+        state, ctx = self.state, self.ctx
+        assert ctx is not None, "begin() first"
         state.pending_interrupt = None
+        ctx.pause_checkpoint_id = new_checkpoint_id() if self.graph.plan.interrupts else None
+        self.status = None
         try:
-            await Scheduler(graph.plan, state, ctx).run()
+            await Scheduler(self.graph.plan, state, ctx).run()
         except Exception as exc:
+            self.error, self.status = exc, "error"
+            self._persist()
             if self.on_error == "raise":
-                self._end(emit, "error", t0, exc)
                 raise
-            self.error = exc
-        status = "error" if self.error else "interrupted" if state.pending_interrupt else "complete"
-        self._end(emit, status, t0, self.error)
+            return "error"
+        self.status = "interrupted" if state.pending_interrupt else "complete"
+        self._persist()
+        return self.status
+
+    def finish(self, status: str | None = None) -> GraphResult:
+        """Announce the end (``RunEndEvent``) and return the result."""
+        status = status or self.status or "complete"
+        self._end(self._emitter(), status, self.error)
         return self.result(status)
 
-    def _end(self, emit: Any, status: str, t0: float, error: BaseException | None) -> None:
+    async def execute(self) -> GraphResult:
+        self.begin()
+        try:
+            status = await self.advance()
+        except Exception as exc:
+            self._end(self._emitter(), "error", exc)
+            raise
+        return self.finish(status)
+
+    def _end(self, emit: Any, status: str, error: BaseException | None) -> None:
         if emit:
             emit(RunEndEvent(session_id=self.session_id, run_id=self.run_id, status=status,
                              outputs=self.state.outputs(), error=error,
-                             duration_ms=(time.perf_counter() - t0) * 1e3))
+                             step_index=self.state.step_index,
+                             duration_ms=(time.perf_counter() - self._t0) * 1e3))
 
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self) -> Checkpoint:
+        """The run as it stands, with only the values needed to resume."""
+        status = self.status or "running"
+        paused = status == "interrupted" and self.ctx is not None
+        return capture(
+            self.state, session_id=self.session_id, run_id=self.run_id,
+            graph_hash=self.graph.plan.graph_hash, plan=self.graph.plan, status=status,
+            checkpoint_id=self.ctx.pause_checkpoint_id if paused else None,  # type: ignore[union-attr]
+        )
+
+    def _persist(self) -> None:
+        if self.graph.checkpointer is not None:
+            self.graph.checkpointer.save_checkpoint(self.checkpoint())
+
+    def _on_step(self) -> None:
+        self._persist()
+
+    # ------------------------------------------------------------------ results
     def pending(self) -> Interrupt | None:
         name = self.state.pending_interrupt
         if name is None:
@@ -122,7 +182,10 @@ class LocalRun:
         return Interrupt(name, self.state.values.get(node.input_param), node.response_param)  # type: ignore[attr-defined]
 
     def result(self, status: str) -> GraphResult:
-        outputs = self.state.outputs()
+        state = self.state
+        if state.dropped and self.graph.cache is not None:
+            refetch(self.graph.plan, state, self.graph.cache, self.select)
+        outputs = state.outputs()
         if self.select is not None:
             outputs = {k: outputs[k] for k in self.select if k in outputs}
         interrupt = self.pending() if status == "interrupted" else None
@@ -131,14 +194,14 @@ class LocalRun:
             session_id=self.session_id,
             run_id=self.run_id,
             status=status,  # type: ignore[arg-type]
-            history=list(self.state.history),
+            history=list(state.history),
             error=self.error,
             interrupt=interrupt,
-            checkpoint=self.graph._checkpoint_of(self) if interrupt else None,
+            checkpoint=self.checkpoint() if interrupt else None,
             resume=self._resume if interrupt else None,
         )
 
     def _resume(self, response: dict[str, Any]) -> GraphResult:
-        return self.graph.run(response, checkpoint=self.graph._checkpoint_of(self),
+        return self.graph.run(response, checkpoint=self.checkpoint(),
                               session_id=self.session_id, handlers=self.handlers,
                               select=self.select, on_error=self.on_error)

@@ -32,6 +32,7 @@ from .events import (
     NodeSkippedEvent,
     NodeStartEvent,
     ResumeEvent,
+    StateDeltaEvent,
     StreamingChunkEvent,
     StreamingEndEvent,
     StreamingStartEvent,
@@ -41,8 +42,9 @@ from .keys import Keys, scope_token
 from .nodes import END, HyperNode
 from .plan import MISSING, Plan
 from .results import NodeExecution
+from .statesync import delta_ops
 
-__all__ = ["RunState", "RunContext", "Scheduler"]
+__all__ = ["RunState", "RunContext", "Scheduler", "validate_response"]
 
 
 @dataclass
@@ -61,6 +63,10 @@ class RunState:
     step_index: int = 0
     ended: bool = False
     pending_interrupt: str | None = None
+    # node -> (seen, count, consumed an activation) before its current, unfinished execution
+    inflight: dict[str, tuple[tuple[int, ...] | None, int, bool]] = field(default_factory=dict)
+    # produced names a checkpoint did not keep -> (cache key, producer) to refetch them
+    dropped: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, inputs: dict[str, Any]) -> RunState:
@@ -70,6 +76,8 @@ class RunState:
         self.values[name] = value
         self.versions[name] = self.versions.get(name, 0) + 1
         self.produced[name] = None
+        if self.dropped:
+            self.dropped.pop(name, None)
         if identity is None:
             self.ids.pop(name, None)
         else:
@@ -78,6 +86,33 @@ class RunState:
     def outputs(self) -> dict[str, Any]:
         values = self.values
         return {k: values[k] for k in self.produced if k in values}
+
+    def settled(self) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, int]]:
+        """``(seen, counts, activations)`` as if the unfinished executions never started."""
+        seen, counts, acts = dict(self.seen), dict(self.counts), dict(self.activations)
+        for name, (was_seen, count, activated) in self.inflight.items():
+            _undo(seen, counts, acts, name, was_seen, count, activated)
+        return seen, counts, acts
+
+    def rollback(self, name: str) -> None:
+        """Forget the unfinished execution of ``name`` (it failed or was cancelled)."""
+        undo = self.inflight.pop(name, None)
+        if undo is not None:
+            _undo(self.seen, self.counts, self.activations, name, *undo)
+
+
+def _undo(seen: dict[str, tuple[int, ...]], counts: dict[str, int], acts: dict[str, int],
+          name: str, was_seen: tuple[int, ...] | None, count: int, activated: bool) -> None:
+    if was_seen is None:
+        seen.pop(name, None)
+    else:
+        seen[name] = was_seen
+    if count:
+        counts[name] = count
+    else:
+        counts.pop(name, None)
+    if activated:
+        acts[name] = acts.get(name, 0) + 1
 
 
 @dataclass
@@ -93,6 +128,11 @@ class RunContext:
     max_workers: int = 4
     item_index: int | None = None
     parent_run_id: str | None = None
+    # run()/iter() only: StateDeltaEvents after each write, a hook at every step boundary
+    # (checkpointing), and the id the checkpoint of a pause will have (InterruptEvent).
+    state_events: bool = False
+    on_step: Callable[[], Any] | None = None
+    pause_checkpoint_id: str | None = None
 
 
 class Scheduler:
@@ -106,6 +146,7 @@ class Scheduler:
             scope_token(ctx.keys.scope, ctx.session_id, ctx.run_id) if ctx.keys else None
         )
         self._pool: ThreadPoolExecutor | None = None
+        self._started = False
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> None:
@@ -117,9 +158,11 @@ class Scheduler:
                 if not wave:
                     return
                 if self.ctx.parallel and len(wave) > 1:
+                    self._boundary()
                     await self._run_parallel(wave)
                     continue
                 for node in wave:
+                    self._boundary()
                     await self._execute(node, state.step_index, 0)
                     state.step_index += 1
                     if state.ended or state.pending_interrupt is not None:
@@ -127,6 +170,13 @@ class Scheduler:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
+
+    def _boundary(self) -> None:
+        """A step boundary before more work: ``on_step`` (checkpointing), not before the first."""
+        if self.ctx.on_step is not None:
+            if self._started:
+                self.ctx.on_step()
+            self._started = True
 
     def _wave(self) -> list[HyperNode]:
         ready = [i for i, n in enumerate(self.plan.nodes) if self._ready(n, deferred=False)]
@@ -190,9 +240,11 @@ class Scheduler:
                 loop,
             )
         kwargs = self._kwargs(node)
+        gated = name in self.plan.gated
+        state.inflight[name] = (state.seen.get(name), iteration, gated)
         state.seen[name] = self._versions(node)
         state.counts[name] = iteration + 1
-        if name in self.plan.gated:
+        if gated:
             state.activations[name] -= 1
         self._emit_start(node, step, kwargs, iteration, parallel_index)
         started = time.time()
@@ -210,9 +262,12 @@ class Scheduler:
                     self.ctx.keys.cache.set_many({key: value})  # type: ignore[union-attr]
             outputs = self._apply(node, value, key, step)
         except BaseException as exc:
-            annotate(exc, name, self.ctx.item_index)
-            self._emit_error(node, step, exc, t0, started, iteration)
+            state.rollback(name)
+            if isinstance(exc, Exception):
+                annotate(exc, name, self.ctx.item_index)
+                self._emit_error(node, step, exc, t0, started, iteration)
             raise
+        del state.inflight[name]
         duration = (time.perf_counter() - t0) * 1000
         state.history.append(
             NodeExecution(name, step, iteration, parallel_index, key or "", outputs, cached,
@@ -287,9 +342,16 @@ class Scheduler:
         state, keys = self.state, self.ctx.keys
         values = split_outputs(node, value)
         outputs = dict(zip(node.outputs, values))
+        ops = delta_ops(state.values, outputs) if self.ctx.state_events else None
         for out, v in outputs.items():
             state.write(out, v, keys.output_id(key, out) if key is not None and keys else None)
+        if ops:
+            self._emit_delta(node, step, ops)
         return outputs
+
+    def _emit_delta(self, node: HyperNode, step: int, ops: list[dict[str, Any]]) -> None:
+        if self.ctx.emit is not None:
+            self.ctx.emit(StateDeltaEvent(**self._base(node, step), operations=ops))
 
     def _decide(self, node: HyperNode, value: Any, step: int) -> None:
         if node.kind == "branch":
@@ -341,15 +403,19 @@ class Scheduler:
         if response is MISSING:
             state.pending_interrupt = name
             if emit is not None:
-                emit(InterruptEvent(**self._base(node, step), interrupt_name=name, value=value))
+                emit(InterruptEvent(**self._base(node, step), interrupt_name=name, value=value,
+                                    checkpoint_id=self.ctx.pause_checkpoint_id))
             return
-        response = _validate_response(node, response)
+        response = validate_response(node, response)
         state.seen[name] = self._versions(node)
         state.counts[name] = state.counts.get(name, 0) + 1
         if name in self.plan.gated:
             state.activations[name] -= 1
-        state.write(node.response_param, response, None)  # type: ignore[attr-defined]
         outputs = {node.response_param: response}  # type: ignore[attr-defined]
+        ops = delta_ops(state.values, outputs) if self.ctx.state_events else None
+        state.write(node.response_param, response, None)  # type: ignore[attr-defined]
+        if ops:
+            self._emit_delta(node, step, ops)
         state.history.append(NodeExecution(name, step, state.counts[name] - 1, 0, "", outputs))
         if emit is not None:
             emit(NodeEndEvent(**self._base(node, step), outputs=outputs,
@@ -385,7 +451,7 @@ class Scheduler:
             ))
 
 
-def _validate_response(node: HyperNode, response: Any) -> Any:
+def validate_response(node: HyperNode, response: Any) -> Any:
     expected = getattr(node, "response_type", None)
     if expected is None or not isinstance(expected, type) or isinstance(response, expected):
         return response
