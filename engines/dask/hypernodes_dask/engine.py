@@ -153,13 +153,14 @@ class DaskEngine(Engine):
         [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
         dsk, keys = build_graph(job, size, shared_key=shared.key)
         futures = client.get(dsk, keys, sync=False)
+        finished = False
         try:
             for _future, batch in as_completed(futures, loop=client.loop, with_results=True):
                 sink(batch)
+            finished = True
         finally:
-            pending = [f for f in futures if not f.done()]
-            if pending:
-                client.cancel(pending)
+            if not finished:  # an error (or an interrupt): stop and release everything now
+                client.cancel([*futures, shared])
             del futures, shared
 
     def _map_local(self, job: MapJob, sink: Sink) -> None:

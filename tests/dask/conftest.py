@@ -1,0 +1,60 @@
+"""Shared Dask resources for the engine-specific tests: one LocalCluster per session."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.WARNING) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def client(cluster):
+    from distributed import Client
+
+    with Client(cluster, set_as_default=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def processes_engine():
+    from hypernodes_dask import DaskEngine
+
+    eng = DaskEngine(scheduler="processes", num_workers=2)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def distributed_engine(client):
+    from hypernodes_dask import DaskEngine
+
+    eng = DaskEngine(client=client)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(params=["threads", "sync", "processes", "distributed"])
+def any_engine(request):
+    """A Dask engine on each scheduler (processes/distributed reuse the session resources)."""
+    from hypernodes_dask import DaskEngine
+
+    if request.param == "processes":
+        return request.getfixturevalue("processes_engine")
+    if request.param == "distributed":
+        return request.getfixturevalue("distributed_engine")
+    return DaskEngine(scheduler=request.param, num_workers=2)
+
+
+@pytest.fixture(params=["processes", "distributed"])
+def remote_engine(request):
+    """Engines whose tasks run in other processes (pickling matters)."""
+    return request.getfixturevalue(f"{request.param}_engine")

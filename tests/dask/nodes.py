@@ -1,0 +1,76 @@
+"""Nodes used by the Dask tests, at module level so worker processes import them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from hypernodes_dist import node
+
+
+class Unpicklable(Exception):
+    """An exception that cannot be rebuilt from its args (pickling round trip fails)."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"bad pair {a}/{b}")
+
+
+@node(output_name="a")
+def inc(x: int) -> int:
+    return x + 1
+
+
+@node(output_name="b")
+def double(a: int) -> int:
+    return a * 2
+
+
+@node(output_name="c")
+def fmt(b: int, y: str = "y") -> str:
+    return f"{b}-{y}"
+
+
+CHAIN = [inc, double, fmt]
+
+
+@node(output_name="pid")
+def where(x: int) -> int:
+    return os.getpid()
+
+
+@node(output_name="size")
+def blob_size(x: int, blob: bytes) -> int:
+    return len(blob) + x
+
+
+@node(output_name="out")
+def explode(x: int) -> int:
+    if x == 5:
+        raise Unpicklable(x, 0)
+    return x
+
+
+@node(output_name="slow")
+def slow_square(x: int, delay: float = 0.05) -> int:
+    time.sleep(delay)
+    return x * x
+
+
+@node(output_name="late")
+def fail_after(x: int, delay: float = 0.2) -> int:
+    time.sleep(delay)
+    raise ValueError(f"item {x} is bad")
+
+
+@node(output_name="token")
+def record_call(x: int, log_dir: str) -> int:
+    import uuid
+
+    with open(os.path.join(log_dir, uuid.uuid4().hex), "w") as f:
+        f.write(str(x))
+    return x
+
+
+@node(output_name="echo")
+def uses_handle(x: int, handle: object) -> int:
+    return x
