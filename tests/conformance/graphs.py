@@ -244,14 +244,10 @@ INTERRUPT = [make_prompt, approval, use_decision]
 # --------------------------------------------------------------------------- execution counting
 
 
-def count_dir() -> Path:
-    return Path(os.environ["HN_COUNT_DIR"])
-
-
 @node(output_name="counted")
-def counted(x: int) -> int:
+def counted(x: int, log_dir: str) -> int:
     """Appends one line per execution to a file, so tests count executions across processes."""
-    with open(count_dir() / f"{os.getpid()}.log", "a") as fh:
+    with open(Path(log_dir) / f"{os.getpid()}.log", "a") as fh:
         fh.write(f"{x}\n")
     return x * 3
 
@@ -261,11 +257,18 @@ def counted_plus(counted: int) -> int:
     return counted + 1
 
 
+@node(output_name="never_cached", cache=False)
+def never_cached(counted_plus: int, log_dir: str) -> int:
+    with open(Path(log_dir) / f"nc-{os.getpid()}.log", "a") as fh:
+        fh.write(f"{counted_plus}\n")
+    return -counted_plus
+
+
 COUNTED = [counted, counted_plus]
 
 
-def executions(directory: Path) -> list[int]:
+def executions(directory: Path, prefix: str = "") -> list[int]:
     lines: list[int] = []
-    for f in directory.glob("*.log"):
+    for f in Path(directory).glob(f"{prefix}[0-9]*.log"):
         lines.extend(int(s) for s in f.read_text().split())
     return sorted(lines)

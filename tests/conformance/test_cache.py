@@ -1,0 +1,127 @@
+"""The shared DiskCache on every engine: same keys everywhere, hits reported, per-item reuse."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from hypernodes_dist import DiskCache, Graph, GraphEngine
+
+from . import graphs as G
+
+
+class Ends:
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_node_end(self, event) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture
+def logs(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    return d
+
+
+def test_warm_map_is_all_hits_with_events(engine, tmp_path, logs):
+    cache = DiskCache(tmp_path / "c")
+    inputs = {"x": list(range(25)), "log_dir": str(logs)}
+    cold = Graph(G.COUNTED, engine=engine, cache=cache).map(inputs, map_over="x")
+    assert G.executions(logs) == list(range(25))
+    ends = Ends()
+    warm = Graph(G.COUNTED, engine=engine, cache=cache, callbacks=[ends]).map(inputs, map_over="x")
+    assert G.executions(logs) == list(range(25))  # nothing ran again
+    assert [r["counted_plus"] for r in warm] == [r["counted_plus"] for r in cold]
+    assert len(ends.events) == 50 and all(e.cached for e in ends.events)
+    assert all(h.cached for r in warm for h in r.history)
+
+
+def test_cache_written_by_local_is_a_full_hit_on_engine(engine, tmp_path, logs):
+    cache = DiskCache(tmp_path / "c")
+    inputs = {"x": list(range(30)), "log_dir": str(logs)}
+    Graph(G.COUNTED, engine=GraphEngine(), cache=cache).map(inputs, map_over="x")
+    res = Graph(G.COUNTED, engine=engine, cache=cache).map(inputs, map_over="x", select=["counted_plus"])
+    assert G.executions(logs) == list(range(30))
+    assert [r["counted_plus"] for r in res] == [x * 3 + 1 for x in range(30)]
+
+
+def test_cache_written_by_engine_is_a_full_hit_locally(engine, tmp_path, logs):
+    cache = DiskCache(tmp_path / "c")
+    inputs = {"x": list(range(30)), "log_dir": str(logs)}
+    Graph(G.COUNTED, engine=engine, cache=cache).map(inputs, map_over="x")
+    ends = Ends()
+    Graph(G.COUNTED, cache=cache, callbacks=[ends]).map(inputs, map_over="x")
+    assert G.executions(logs) == list(range(30))
+    assert all(e.cached for e in ends.events) and len(ends.events) == 60
+
+
+def test_only_new_items_execute(engine, tmp_path, logs):
+    g = Graph(G.COUNTED, engine=engine, cache=DiskCache(tmp_path / "c"))
+    g.map({"x": [1, 2], "log_dir": str(logs)}, map_over="x")
+    res = g.map({"x": [1, 2, 3], "log_dir": str(logs)}, map_over="x")
+    assert G.executions(logs) == [1, 2, 3]
+    assert [r["counted"] for r in res] == [3, 6, 9]
+
+
+def test_uncached_node_always_runs(engine, tmp_path, logs):
+    g = Graph(G.COUNTED + [G.never_cached], engine=engine, cache=DiskCache(tmp_path / "c"))
+    for _ in range(2):
+        res = g.map({"x": [1, 2], "log_dir": str(logs)}, map_over="x", select=["counted"])
+    assert G.executions(logs) == [1, 2]
+    assert G.executions(logs, "nc-") == [4, 4, 7, 7]
+    assert [r["counted"] for r in res] == [3, 6]
+
+
+def test_none_is_cached_as_a_hit(engine, tmp_path):
+    ends = Ends()
+    g = Graph([G.returns_none], engine=engine, cache=DiskCache(tmp_path / "c"), callbacks=[ends])
+    g.map({"x": [1, 2]}, map_over="x")
+    res = g.map({"x": [1, 2]}, map_over="x")
+    assert [e.cached for e in ends.events] == [False, False, True, True]
+    assert all(r["nothing"] is None for r in res)
+
+
+def test_session_and_run_scopes(engine, tmp_path, logs):
+    inputs = {"x": [1], "log_dir": str(logs)}
+    g = Graph(G.COUNTED, engine=engine, cache=DiskCache(tmp_path / "s", scope="session"))
+    g.map(inputs, map_over="x", session_id="a")
+    g.map(inputs, map_over="x", session_id="a")
+    assert G.executions(logs) == [1]
+    g.map(inputs, map_over="x", session_id="b")
+    assert G.executions(logs) == [1, 1]
+    r = Graph(G.COUNTED, engine=engine, cache=DiskCache(tmp_path / "r", scope="run"))
+    r.map(inputs, map_over="x", session_id="a")
+    r.map(inputs, map_over="x", session_id="a")
+    assert G.executions(logs) == [1, 1, 1, 1]
+
+
+def test_control_flow_graph_is_cached(engine, tmp_path):
+    ends = Ends()
+    g = Graph(G.CYCLE, engine=engine, cache=DiskCache(tmp_path / "c"), callbacks=[ends])
+    first = g.map({"topic": ["ab", "abcdef"], "target": 9}, map_over="topic")
+    n_cold = len(ends.events)
+    ends.events.clear()
+    second = g.map({"topic": ["ab", "abcdef"], "target": 9}, map_over="topic")
+    assert [r["final"] for r in second] == [r["final"] for r in first]
+    function_nodes = [e for e in ends.events if e.node_id != "good_enough"]
+    assert len(ends.events) == n_cold and all(e.cached for e in function_nodes)
+
+
+def test_corrupt_entries_are_recomputed(engine, tmp_path, logs):
+    cache_dir = tmp_path / "c"
+    g = Graph(G.COUNTED, engine=engine, cache=DiskCache(cache_dir))
+    inputs = {"x": [1, 2, 3], "log_dir": str(logs)}
+    g.map(inputs, map_over="x")
+    con = sqlite3.connect(cache_dir / "cache.db")
+    con.execute("UPDATE Cache SET value = X'00112233'")
+    con.commit()
+    con.close()
+    res = g.map(inputs, map_over="x")
+    assert [r["counted_plus"] for r in res] == [4, 7, 10]
+    assert G.executions(logs) == [1, 1, 2, 2, 3, 3]
+    again = g.map(inputs, map_over="x")  # the recomputed entries were written back
+    assert [r["counted_plus"] for r in again] == [4, 7, 10]
+    assert G.executions(logs) == [1, 1, 2, 2, 3, 3]
