@@ -36,11 +36,19 @@ def column_name(i: int) -> str:
 
 def item_frame(columns: dict[str, Sequence[Any]], n: int) -> daft.DataFrame:
     """The DataFrame of one map: ``ROW`` (0..n-1) then the mapped inputs, in ``columns`` order."""
-    data: dict[str, Any] = {ROW: Series.from_arrow(pa.array(range(n), pa.int64()), ROW)}
+    data: dict[str, Any] = {ROW: Series.from_arrow(_row_ids(n), ROW)}
     for i, values in enumerate(columns.values()):
         name = column_name(i)
         data[name] = _series(name, list(values))
     return daft.from_pydict(data)
+
+
+def _row_ids(n: int) -> pa.Array:
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - pyarrow without numpy
+        return pa.array(range(n), pa.int64())
+    return pa.array(np.arange(n, dtype=np.int64))
 
 
 def _series(name: str, values: list[Any]) -> Series:

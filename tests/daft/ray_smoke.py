@@ -1,0 +1,37 @@
+"""Run by test_ray.py in a fresh process: a local Ray, then one map on DaftEngine(runner="ray")."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import ray
+
+from hypernodes_daft import DaftEngine
+from hypernodes_dist import Graph
+from tests.conformance import graphs as G
+
+
+def main() -> None:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        engine = DaftEngine(runner="ray", batch_size=3)
+        chain = Graph(G.CHAIN, engine=engine).map({"x": list(range(8))}, map_over="x")
+        stats = Graph(G.STATS, engine=engine).map({"data": [[1, 3], [2, 2, 2]]}, map_over="data")
+        failed = Graph(G.FRAGILE, engine=engine).map(
+            {"x": [1, 3, 5]}, map_over="x", on_error="collect"
+        )
+        out = {
+            "c": [r["c"] for r in chain],
+            "summary": [r["summary"] for r in stats],
+            "status": [r.status for r in failed],
+            "error": type(failed[1].error).__name__,
+            "notes": getattr(failed[1].error, "__notes__", []),
+        }
+    finally:
+        ray.shutdown()
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
