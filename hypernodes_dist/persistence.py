@@ -257,12 +257,17 @@ class SQLiteCheckpointer:
             raise ValueError("SQLiteCheckpointer needs a file; use MemoryCheckpointer in memory")
         db = self._connect()
         try:
+            db.execute("PRAGMA journal_mode=WAL")
             db.executescript(_SCHEMA)
         finally:
             db.close()
 
     def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=self.timeout)
+        db = sqlite3.connect(self.path, timeout=self.timeout)
+        # WAL: readers never block the writer; NORMAL sync survives process crashes (a
+        # power loss may lose the last checkpoints, never corrupt the file).
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
 
     def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[str, bytes]]:
         db = self._connect()
