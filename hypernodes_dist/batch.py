@@ -17,6 +17,7 @@ import inspect
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -318,13 +319,34 @@ class _Columnar:
                     first[k] = i
                     run.append(i)
             todo = run
+        failures = len(self.failed)
         results = await self._call(node, todo)
+        if len(todo) == self.n and len(self.failed) == failures and self._store_all(node, results):
+            if node_keys is not None:
+                self.pending.update(zip(node_keys, results))
+            return
         done = {i: v for i, v in zip(todo, results) if v is not MISSING}
         self._store(node, done, RAN)
         if dupes:
             self._store(node, {i: done[j] for i, j in dupes.items() if j in done}, HIT)
         if node_keys is not None and done:
             self.pending.update({node_keys[i]: v for i, v in done.items()})
+
+    def _store_all(self, node: HyperNode, results: list[Any]) -> bool:
+        """Fast path: every item of the batch ran and none failed; whole columns at once."""
+        if self.settings.want_events:
+            return False
+        outputs = node.outputs
+        if len(outputs) > 1:
+            width = len(outputs)
+            if not all(type(v) in (tuple, list) and len(v) == width for v in results):
+                return False  # the per-item path reports the malformed items
+            for name, column in zip(outputs, zip(*results)):
+                self.values[name] = list(column)
+        elif outputs:
+            self.values[outputs[0]] = results
+        self.codes[node.name] = bytearray(b"\x01") * self.n
+        return True
 
     def _late_keys(self, node: HyperNode) -> None:
         """Keys of a node downstream of a non-cacheable one: hash the values it received."""
@@ -492,8 +514,18 @@ class _Columnar:
         return events
 
 
+_POSITIONAL: weakref.WeakKeyDictionary[HyperNode, Callable[..., Any]] = weakref.WeakKeyDictionary()
+
+
 def _positional(node: HyperNode) -> Callable[..., Any]:
-    """A callable taking the node's parameters positionally, streams joined."""
+    """A callable taking the node's parameters positionally, streams joined (memoised)."""
+    found = _POSITIONAL.get(node)
+    if found is None:
+        found = _POSITIONAL[node] = _make_positional(node)
+    return found
+
+
+def _make_positional(node: HyperNode) -> Callable[..., Any]:
     fn = node.func
     assert fn is not None
     params = node.params

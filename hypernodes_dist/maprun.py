@@ -99,9 +99,9 @@ class MapCollector:
         for b in batches:
             errors = b.errors
             if errors:
-                results.extend(from_row(b, i, session, errors.get(i)) for i in range(b.n))
+                results.extend([from_row(b, i, session, errors.get(i)) for i in range(b.n)])
             else:
-                results.extend(from_row(b, i, session) for i in range(b.n))
+                results.extend([from_row(b, i, session) for i in range(b.n)])
         return MapResult(results, columns=lambda: _columns(batches), session_id=session)
 
 

@@ -42,19 +42,17 @@ class RowSource(Protocol):
 class GraphResult:
     """The result of one run: dict-like over its outputs, plus ids, status and history."""
 
-    __slots__ = (
-        "_outputs",
-        "_src",
-        "_i",
-        "session_id",
-        "_run_id",
-        "status",
-        "checkpoint",
-        "interrupt",
-        "error",
-        "_history",
-        "_resume",
-    )
+    # Class-level defaults: a map item sets 3 attributes, not 11 (a map builds 10^6 of these).
+    status: Status = "complete"
+    error: BaseException | None = None
+    checkpoint: Any = None
+    interrupt: Any = None
+    _outputs: dict[str, Any] | None = None
+    _src: RowSource | None = None
+    _i: int = 0
+    _run_id: str | None = None
+    _history: list[NodeExecution] | None = None
+    _resume: Callable[[dict[str, Any]], GraphResult] | None = None
 
     def __init__(
         self,
@@ -70,8 +68,6 @@ class GraphResult:
         resume: Callable[[dict[str, Any]], GraphResult] | None = None,
     ) -> None:
         self._outputs = outputs
-        self._src: RowSource | None = None
-        self._i = 0
         self.session_id = session_id
         self._run_id = run_id
         self.status = status
@@ -87,17 +83,12 @@ class GraphResult:
     ) -> GraphResult:
         """A map item's result that reads its outputs and history from ``src`` when asked."""
         r = cls.__new__(cls)
-        r._outputs = None
         r._src = src
         r._i = i
         r.session_id = session_id
-        r._run_id = None
-        r.status = "error" if error is not None else "complete"
-        r.error = error
-        r.checkpoint = None
-        r.interrupt = None
-        r._history = None
-        r._resume = None
+        if error is not None:
+            r.status = "error"
+            r.error = error
         return r
 
     # -- lazily materialised parts (a map builds 10^6 of these) --------------------------
