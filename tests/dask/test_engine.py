@@ -12,6 +12,8 @@ import time
 
 import cloudpickle
 import pytest
+from hypernodes_dask import DaskEngine, UnpicklableError, auto_partition_size
+from hypernodes_dask.compile import Shipment, build_graph, pickle_payload
 
 from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.batch import BatchSettings
@@ -19,8 +21,6 @@ from hypernodes_dist.engine import MapJob
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.events import NodeEndEvent
 from hypernodes_dist.plan import compile_plan
-from hypernodes_dask import DaskEngine, UnpicklableError, auto_partition_size
-from hypernodes_dask.compile import Shipment, build_graph, pickle_payload
 
 from ..conformance import graphs as G
 from . import nodes as N
@@ -140,7 +140,6 @@ def test_remote_tasks_run_in_other_processes(remote_engine):
 
 def test_large_broadcast_reaches_every_item(remote_engine):
     blob = b"z" * (4 << 20)
-    res = DaskEngine  # noqa: F841 - keep name lookups simple below
     g = Graph([N.blob_size], engine=remote_engine)
     out = g.map({"x": list(range(64)), "blob": blob}, map_over="x")
     assert [r["size"] for r in out] == [len(blob) + x for x in range(64)]

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hypernodes_dask import DaskEngine
 
 from hypernodes_dist import Graph
-from hypernodes_dask import DaskEngine
 
 from . import nodes as N
 

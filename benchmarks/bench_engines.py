@@ -1,0 +1,228 @@
+"""Engine throughput against the plain Python loop.
+
+Workloads
+- ``trivial``: the 3-node graph x -> x+1 -> *2 -> f"{b}-{y}" at 1k / 10k / 100k items
+  (measures per-item and per-task overhead; the loop calls the same three functions);
+- ``cpu``: three nodes of ~1 ms of pure-Python work each (measures parallel speed-up).
+
+Engines are pluggable: ``SETUPS`` maps an engine label to a small function returning a
+ready engine (or ``None`` when its plugin is not installed). Add a row by adding a function.
+Engines start (cluster, process pool) and are warmed up before timing: the table reports
+steady-state map time, and the start-up time is listed separately.
+
+Run: ``.venv/bin/python benchmarks/bench_engines.py [--engines a,b] [--sizes 1000,10000]``.
+Prints a table and writes ``benchmarks/results/engines.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypernodes_dist import Graph, GraphEngine, node
+
+RESULTS = Path(__file__).parent / "results"
+TRIVIAL_SIZES = [1_000, 10_000, 100_000]
+CPU_ITEMS = 400
+
+
+# ------------------------------------------------------------------ workloads
+
+
+@node(output_name="a")
+def inc(x: int) -> int:
+    return x + 1
+
+
+@node(output_name="b")
+def double(a: int) -> int:
+    return a * 2
+
+
+@node(output_name="c")
+def fmt(b: int, y: str) -> str:
+    return f"{b}-{y}"
+
+
+def burn(seed: int, work: int) -> int:
+    """Pure-Python work: ``work`` iterations of integer arithmetic (holds the GIL)."""
+    acc = seed
+    for i in range(work):
+        acc = (acc * 31 + i) % 1_000_003
+    return acc
+
+
+@node(output_name="p")
+def crunch1(x: int, work: int) -> int:
+    return burn(x, work)
+
+
+@node(output_name="q")
+def crunch2(p: int, work: int) -> int:
+    return burn(p, work)
+
+
+@node(output_name="r")
+def crunch3(q: int, work: int) -> int:
+    return burn(q, work)
+
+
+TRIVIAL = [inc, double, fmt]
+CPU = [crunch1, crunch2, crunch3]
+
+
+def trivial_loop(xs: list[int], y: str) -> list[str]:
+    return [fmt.func(double.func(inc.func(x)), y) for x in xs]
+
+
+def cpu_loop(xs: list[int], work: int) -> list[int]:
+    return [crunch3.func(crunch2.func(crunch1.func(x, work), work), work) for x in xs]
+
+
+def calibrate(target_s: float = 1e-3) -> int:
+    """Iterations of ``burn`` taking about ``target_s`` on this machine."""
+    work = 10_000
+    for _ in range(5):
+        t0 = time.perf_counter()
+        burn(1, work)
+        took = time.perf_counter() - t0
+        work = max(1, int(work * target_s / took))
+    return work
+
+
+# ------------------------------------------------------------------ engines (pluggable)
+
+
+def local() -> Any:
+    return GraphEngine(batch_size=1000)
+
+
+def _dask(**kwargs: Any) -> Any:
+    try:
+        from hypernodes_dask import DaskEngine
+    except ImportError:
+        return None
+    return DaskEngine(**kwargs)
+
+
+def dask_threads() -> Any:
+    return _dask(scheduler="threads")
+
+
+def dask_processes() -> Any:
+    return _dask(scheduler="processes")
+
+
+def dask_localcluster() -> Any:
+    return _dask(scheduler="distributed",
+                 cluster_kwargs={"threads_per_worker": 1, "dashboard_address": None})
+
+
+SETUPS: dict[str, Callable[[], Any]] = {
+    "local": local,
+    "dask-threads": dask_threads,
+    "dask-processes": dask_processes,
+    "dask-localcluster": dask_localcluster,
+}
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def best_of(fn: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_engine(label: str, engine: Any, sizes: list[int], work: int,
+                 loops: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
+    rows = []
+    t0 = time.perf_counter()
+    warm = Graph(TRIVIAL, engine=engine).map({"x": [1, 2, 3], "y": "y"}, map_over="x")
+    assert warm[0]["c"] == "4-y"
+    startup = time.perf_counter() - t0
+
+    g = Graph(TRIVIAL, engine=engine)
+    for n in sizes:
+        xs = list(range(n))
+        res = g.map({"x": xs, "y": "y"}, map_over="x")
+        assert [r["c"] for r in res[-3:]] == trivial_loop(xs[-3:], "y")
+        t = best_of(lambda xs=xs: g.map({"x": xs, "y": "y"}, map_over="x"), 3)
+        rows.append(_row("trivial", label, n, t, loops[("trivial", n)], startup))
+
+    g = Graph(CPU, engine=engine)
+    xs = list(range(CPU_ITEMS))
+    expected = cpu_loop(xs[:2], work)
+    t = best_of(lambda: _check(g.map({"x": xs, "work": work}, map_over="x"), expected), 2)
+    rows.append(_row("cpu", label, CPU_ITEMS, t, loops[("cpu", CPU_ITEMS)], startup))
+    return rows
+
+
+def _check(res: Any, expected: list[int]) -> None:
+    assert [r["r"] for r in res[:2]] == expected
+
+
+def _row(workload: str, engine: str, n: int, t: float, loop: float, startup: float) -> dict:
+    return {
+        "workload": workload, "engine": engine, "items": n, "seconds": round(t, 4),
+        "us_per_item": round(t / n * 1e6, 2), "loop_seconds": round(loop, 4),
+        "x_loop_time": round(t / loop, 2), "speedup": round(loop / t, 2),
+        "startup_s": round(startup, 2),
+    }
+
+
+def main(engines: list[str], sizes: list[int]) -> dict[str, Any]:
+    work = calibrate()
+    loops = {("trivial", n): best_of(lambda n=n: trivial_loop(list(range(n)), "y"), 5)
+             for n in sizes}
+    loops[("cpu", CPU_ITEMS)] = best_of(lambda: cpu_loop(list(range(CPU_ITEMS)), work), 2)
+    rows: list[dict[str, Any]] = []
+    for label in engines:
+        engine = SETUPS[label]()
+        if engine is None:
+            print(f"skipping {label}: plugin not installed", file=sys.stderr)
+            continue
+        try:
+            rows.extend(bench_engine(label, engine, sizes, work, loops))
+        finally:
+            engine.close()
+    return {
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
+                    "cpus": os.cpu_count()},
+        "cpu_work_iterations": work,
+        "rows": rows,
+    }
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    cols = ["workload", "engine", "items", "seconds", "us_per_item", "x_loop_time", "speedup",
+            "startup_s"]
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+    print(" | ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(str(r[c]).rjust(w) for c, w in zip(cols, widths)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default=",".join(SETUPS),
+                        help=f"comma-separated, from: {', '.join(SETUPS)}")
+    parser.add_argument("--sizes", default=",".join(map(str, TRIVIAL_SIZES)))
+    args = parser.parse_args()
+    report = main(args.engines.split(","), [int(s) for s in args.sizes.split(",")])
+    print_table(report["rows"])
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "engines.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {RESULTS / 'engines.json'}")
