@@ -5,27 +5,32 @@ Shape of the pipeline (one ``map`` call)::
     item frame (row id + mapped inputs)  ->  one batch UDF running the whole plan
         ->  payload cells (one per Daft batch, nulls filtered out)  ->  driver: sink()
 
-Why one UDF running the whole plan per batch, not one UDF column per node (measured on
-this 2-core machine, daft 0.7.26, 100k items; see ``benchmarks/``):
+Why one UDF running the whole plan per batch, not one UDF column per node — measured with
+``benchmarks/bench_daft.py`` (``udf_shape_rows``) on this 2-core machine, daft 0.7.26:
 
-- trivial 3-node graph: one UDF per node (``daft.func`` row-wise, no cache, no events)
-  took 0.36 s; one batch UDF calling ``execute_batch`` took 0.14 s (plain loop 0.03 s);
-  each extra UDF column pays Daft's per-row Python dispatch and a column materialization,
-  whereas ``execute_batch`` runs a sync node over a batch as one C-level ``map``;
-- async I/O graph (1 ms sleep per item): per-node async UDFs and ``execute_batch``'s
-  per-batch ``gather`` both overlap the sleeps; the gather needs no extra machinery;
+- trivial 3-node graph, 100k items: one ``daft.func`` UDF column per node (no cache, no
+  events, nothing but the calls) took 3.4 s (8.1 s under load), one batch UDF calling
+  ``execute_batch`` 0.58 s (0.89 s under load): each UDF column pays Daft's per-row Python
+  dispatch and a materialized Python column, while ``execute_batch`` maps a sync node over
+  a whole batch in one C-level ``map``;
+- async I/O graph (two nodes sleeping 1 ms, 2000 items): per-node async UDFs 0.32 s, one
+  batch UDF 0.31 s — both overlap the sleeps; ``execute_batch`` gathers a batch's calls;
 - per-node UDFs cannot express branches, gates, ``END`` or cycles (the control-flow
-  region must run as one UDF over the shared executor anyway), and would need their own
-  cache-key chaining and event plumbing — a second executor to keep identical with the
-  core. One UDF over ``execute_batch`` gives the same cache keys, events, defaults,
+  region has to run as one UDF over the shared executor anyway) and would need their own
+  cache-key chaining and event plumbing — a second executor to keep identical to the
+  core's. One UDF over ``execute_batch`` has the same cache keys, events, defaults,
   multi-output unpacking and error annotations as every other engine by construction.
 
-Partitioning: the native runner (threads of this process; ``into_partitions`` is a no-op
-there) cuts the frame into batches of ``batch_size`` rows and runs them on all its
-threads; on Ray the frame is split into one partition per batch. The default batch size
-spreads a map over twice as many batches as there are CPUs (at most 10 000 items each),
-so both cores work and results stream back while the rest runs. Async nodes of a batch
-run concurrently (up to ``batch_size`` calls in flight), batches in parallel.
+Partitioning: on the native runner (threads of this process; ``into_partitions`` is a
+no-op there) Daft cuts the frame into UDF calls of at most ``batch_size`` rows and runs
+them on all its threads; on Ray the frame gets one partition per batch (at most 4 per
+cluster CPU) and runs in Ray worker processes. The default batch size spreads a map over
+twice as many batches as there are CPUs (at most 10 000 items each), so every thread has
+work and results stream back while the rest runs. Native threads share the GIL: they
+overlap I/O, async waits and GIL-releasing code; pure-Python nodes use one core. Daft's
+``use_process=True`` was measured and rejected: 3.8 s vs 0.57 s (trivial, 100k) and
+3.3 s vs 0.60 s (async, 4000 items) — process start-up and shipping dominate. Async
+nodes of a batch run concurrently (up to ``batch_size`` calls in flight).
 
 Inputs: ``zip`` and ``product`` are expanded by the core in the driver (one code path
 defines item order and indices for every engine; a Daft cross join would not preserve
@@ -103,8 +108,8 @@ class DaftEngine(Engine):
             return_dtype=DataType.binary(), batch_size=size, use_process=False if local else None
         )(fn)
         frame = item_frame(job.columns, job.n)
-        if not local:
-            frame = frame.into_partitions(math.ceil(job.n / size))
+        if not local:  # Ray: one partition per batch, at most a few per CPU of the cluster
+            frame = frame.into_partitions(min(math.ceil(job.n / size), 4 * _ray_cpus()))
         try:
             expr = udf(col(ROW), *(col(column_name(i)) for i in range(len(names))))
         except ValueError as exc:  # Daft's serializability check: name the culprit
@@ -145,6 +150,15 @@ class DaftEngine(Engine):
                 f"DaftEngine(runner={current!r}) here or run the {self.runner!r} map in "
                 "another process"
             )
+
+
+def _ray_cpus() -> int:
+    try:
+        import ray
+
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    except Exception:  # not connected yet, or no ray: the driver's CPUs
+        return os.cpu_count() or 1
 
 
 def _runner_is_set() -> bool | None:
