@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +209,21 @@ def test_iter_on_an_engine_without_iter_support_raises_type_error_naming_it():
     g = Graph([hitl.generate_draft], engine=BatchOnly())
     with pytest.raises(TypeError, match="BatchOnly"):
         g.iter({"topic": "x"})
+
+
+def test_human_review_example_runs_three_rounds(tmp_path, capsys):
+    import argparse
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "human_review.py"
+    spec = importlib.util.spec_from_file_location("human_review_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    args = argparse.Namespace(topic="t", session="s", interactive=False, stop=False,
+                              resume=False)
+    asyncio.run(mod.drive(mod.build(tmp_path / "r.db"), args))
+    out = capsys.readouterr().out
+    assert out.count("requested") == 3 and "final: A short note on t. (cite sources)" in out

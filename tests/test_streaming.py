@@ -32,8 +32,7 @@ def chunks_of(events, node_id=None):
 
 @node(output_name="text", tags=["response"])
 def words(topic: str):
-    for w in ("hello ", "about ", topic):
-        yield w
+    yield from ("hello ", "about ", topic)
 
 
 def test_sync_generator_chunks_and_joined_str():
