@@ -33,7 +33,7 @@ from .results import NodeExecution
 from .scheduler import RunContext, RunState, Scheduler
 from .syncio import run_sync
 
-__all__ = ["BatchSettings", "Chunk", "BatchResult", "execute_batch"]
+__all__ = ["BatchSettings", "Chunk", "BatchResult", "execute_batch", "run_batch"]
 
 NOT_RUN, RAN, HIT = 0, 1, 2
 
@@ -104,14 +104,17 @@ class BatchResult:
 
 def execute_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     """Run every item of ``chunk`` through ``plan``; see the module docstring."""
-    if plan.static:
-        coro = _Columnar(plan, chunk, settings).run()
-    else:
-        coro = _per_item(plan, chunk, settings)
-    result = run_sync(coro, needs_loop=plan.is_async)
+    result = run_sync(run_batch(plan, chunk, settings), needs_loop=plan.is_async)
     result.worker = _worker_id()
     result.run_prefix = settings.run_prefix
     return result
+
+
+async def run_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
+    """``execute_batch`` as a coroutine, for callers already inside an event loop."""
+    if plan.static:
+        return await _Columnar(plan, chunk, settings).run()
+    return await _per_item(plan, chunk, settings)
 
 
 def _worker_id() -> str:
@@ -401,8 +404,11 @@ class _Columnar:
         if not todo:
             return []
         fn = _positional(node)
+        guard = self._guard(node) if node.policy is not None else None  # policies.py
         if node.is_async or (node.streaming and not node.is_generator):
-            return await self._call_async(node, todo)
+            return await self._call_async(node, todo, guard)
+        if guard is not None:
+            fn = guard.positional(fn, [self.chunk.offset + i for i in todo])
         if self.settings.want_events:
             fn = self._timed(node, fn, todo)
         its = self._args(node, todo)
@@ -415,19 +421,24 @@ class _Columnar:
                 self._record_failure(node, todo[len(out)], exc)
                 out.append(MISSING)
 
-    async def _call_async(self, node: HyperNode, todo: list[int]) -> list[Any]:
+    async def _call_async(self, node: HyperNode, todo: list[int], guard: Any = None) -> list[Any]:
         sem = asyncio.Semaphore(self.settings.concurrency)
         params = node.params
 
-        async def one(args: tuple[Any, ...]) -> Any:
+        async def one(args: tuple[Any, ...], i: int) -> Any:
             async with sem:
                 t0, start = time.perf_counter(), time.time()
-                value = await call_node(node, dict(zip(params, args)) if params else {}, None)
+                kwargs = dict(zip(params, args)) if params else {}
+                if guard is None:
+                    value = await call_node(node, kwargs, None)
+                else:
+                    value = await guard.acall(lambda: call_node(node, kwargs, None),
+                                              self.chunk.offset + i)
                 return value, start, (time.perf_counter() - t0) * 1e3
 
         its = self._args(node, todo)
         results = await asyncio.gather(
-            *(one(a if params else ()) for a in zip(*its)), return_exceptions=True
+            *(one(a if params else (), i) for a, i in zip(zip(*its), todo)), return_exceptions=True
         )
         out = []
         for i, r in zip(todo, results):
@@ -455,6 +466,21 @@ class _Columnar:
 
         return timed
 
+    def _guard(self, node: HyperNode) -> Any:
+        """The node's call policy for this batch; ``PolicyEvent``s join the batch's events."""
+        from .policies import Guard
+
+        report = None
+        if self.settings.want_events:
+            s, events = self.settings, self.events
+
+            def report(event: Any) -> None:
+                event.session_id, event.run_id = s.session_id, s.run_id(event.item_index)
+                event.step_index = self.plan.position[node.name]
+                events.append(event)
+
+        return Guard(node, report)
+
     def _record_failure(self, node: HyperNode, i: int, exc: BaseException) -> None:
         index = self.chunk.offset + i
         annotate(exc, node.name, index)
@@ -465,6 +491,7 @@ class _Columnar:
             self.events.append(NodeErrorEvent(
                 session_id=self.settings.session_id, run_id=self.settings.run_id(index),
                 node_id=node.name, tags=node.tags, item_index=index, error=self.failed[i],
+                attempts=getattr(exc, "hn_attempts", 1),
             ))
 
     # -- events & result -------------------------------------------------------------------
@@ -533,7 +560,7 @@ def _make_positional(node: HyperNode) -> Callable[..., Any]:
         kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
     except (TypeError, ValueError):
         kinds = set()
-    if inspect.Parameter.KEYWORD_ONLY in kinds:
+    if kinds & {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}:
         def fn(*args: Any, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
             return _f(**dict(zip(params, args)))
     if node.is_generator:

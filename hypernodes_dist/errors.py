@@ -80,7 +80,8 @@ class EngineNotFoundError(LookupError):
 
 
 def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseException:
-    """Attach ``node`` (and ``item``) to ``exc`` as a note, once; returns ``exc``."""
+    """Attach ``node`` (and ``item``) to ``exc`` as a note; ``hn_node``/``hn_item`` name the
+    outermost context (the map item of a nested failure). Returns ``exc``."""
     where = f"in node {node!r}" if item is None else f"in node {node!r} (item {item})"
     notes = getattr(exc, "__notes__", None)
     if notes is None:
@@ -89,8 +90,9 @@ def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseExce
             exc.__notes__ = notes  # type: ignore[attr-defined]
         except AttributeError:
             return exc
-    if not any(n.startswith("hypernodes: ") for n in notes):
-        notes.append(f"hypernodes: failed {where}")
+    note = f"hypernodes: failed {where}"
+    if note not in notes:  # nested graphs add the outer node and item after the inner ones
+        notes.append(note)
     exc.hn_node = node  # type: ignore[attr-defined]
     exc.hn_item = item  # type: ignore[attr-defined]
     return exc

@@ -193,6 +193,27 @@ class Graph:
     def _checkpoint_of(self, run: LocalRun) -> Checkpoint:
         return run.checkpoint()
 
+    # ------------------------------------------------------------------ nesting
+    def as_node(
+        self,
+        name: str | None = None,
+        map_over: str | Sequence[str] | None = None,
+        map_mode: str = "zip",
+        inputs: Mapping[str, str] | None = None,
+        outputs: Mapping[str, str] | None = None,
+    ) -> HyperNode:
+        """This graph as a node of another graph.
+
+        ``inputs``/``outputs`` rename as ``{outer: inner}`` (``outputs`` also limits what the
+        node exposes; default: every inner output). With ``map_over`` (inner input names),
+        the inner graph runs once per element and each output becomes a list in element
+        order (an empty list in gives empty lists out). Inner failures fail the outer item,
+        so they follow the outer ``on_error``.
+        """
+        from .nested import graph_node
+
+        return graph_node(self, name, map_over, map_mode, inputs, outputs)
+
     # ------------------------------------------------------------------ map
     def map(
         self,

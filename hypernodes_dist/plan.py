@@ -59,17 +59,18 @@ class Plan:
         self._code_ids: dict[str, str] | None = None
 
     # -- cache identities (computed in the driver, shipped with the plan) -------------------
-    def code_ids(self) -> dict[str, str]:
-        """Code identity of every cacheable node; computed once, then pickled with the plan."""
+    def code_ids(self, every: bool = False) -> dict[str, str]:
+        """Code identity of every cacheable node (``every``: of every node with a function);
+        computed once in the driver, then pickled with the plan."""
         if self._code_ids is None:
             from .hashing import hash_code
 
             self._code_ids = {
-                n.name: hash_code(n.func, n.version)
-                for n in self.nodes
-                if n.cache and n.func is not None and n.kind != "interrupt"
+                n.name: hash_code(n.func, n.version) for n in self.nodes if n.func is not None
             }
-        return self._code_ids
+        if every:
+            return self._code_ids
+        return {k: v for k, v in self._code_ids.items() if self.cacheable(self.by_name[k])}
 
     def cacheable(self, node: HyperNode) -> bool:
         return node.cache and node.kind != "interrupt" and node.func is not None

@@ -1,0 +1,157 @@
+"""A graph used as a node of another graph (``Graph.as_node``).
+
+The nested node is an ordinary function node whose callable runs the inner plan through
+the shared executor (``execute_batch``): one item, or one item per element of the
+``map_over`` lists. Every executor and engine therefore runs nested graphs unchanged —
+columnar or per item, in a Dask task or a Daft UDF — and the node caches as one unit,
+keyed by the inner graph's code and structure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .batch import BatchResult, BatchSettings, Chunk, run_batch
+from .errors import GraphBuildError
+from .hashing import combine
+from .inputs import expand
+from .nodes import FunctionNode
+from .plan import MISSING, Plan
+from .syncio import run_sync
+
+if TYPE_CHECKING:
+    from .graph import Graph
+
+__all__ = ["GraphNode", "graph_node", "OMITTED"]
+
+
+class _Omitted:
+    """Default of an optional inner input: the inner nodes use their own defaults."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "OMITTED"
+
+    def __reduce__(self) -> str:
+        return "OMITTED"
+
+    def __hypernodes_hash__(self) -> str:
+        return "omitted"
+
+
+OMITTED: Any = _Omitted()
+
+
+class GraphNode(FunctionNode):
+    """A node running an inner graph; outputs become lists when it maps."""
+
+    def __init__(self, call: _NestedCall, **kwargs: Any) -> None:
+        super().__init__(func=call, **kwargs)
+        self.inner = call.plan
+        self.map_over = call.map_over
+        self.is_async = call.plan.is_async
+
+
+class _NestedCall:
+    """The callable of a ``GraphNode``: outer kwargs in, outer outputs out."""
+
+    def __init__(self, plan: Plan, name: str, rename_in: dict[str, str],
+                 outputs: dict[str, str], map_over: tuple[str, ...], map_mode: str) -> None:
+        self.plan = plan
+        self.name = name
+        self.rename_in = rename_in  # outer -> inner
+        self.outputs = outputs  # outer -> inner
+        self.map_over = map_over  # inner names
+        self.map_mode = map_mode
+        self.__name__ = name
+        self.__qualname__ = name
+
+    def inner_inputs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {self.rename_in.get(k, k): v for k, v in kwargs.items() if v is not OMITTED}
+
+    def batch(self, kwargs: Mapping[str, Any]) -> tuple[Chunk, BatchSettings]:
+        inputs = self.inner_inputs(kwargs)
+        if self.map_over:
+            columns, broadcast, n = expand(self.plan, inputs, self.map_over, self.map_mode)
+        else:
+            columns, broadcast, n = {}, inputs, 1
+        settings = BatchSettings(session_id="nested", run_prefix=f"{self.name}-",
+                                 select=tuple(self.outputs.values()), on_error="raise")
+        return Chunk(0, n, columns, broadcast), settings
+
+    def result(self, batch: BatchResult) -> Any:
+        values = []
+        for inner in self.outputs.values():
+            column = batch.outputs[inner]
+            if self.map_over:
+                values.append([None if v is MISSING else v for v in column])
+            else:
+                values.append(column[0] if column[0] is not MISSING else None)
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        """Sync inner graphs return the value; async ones return an awaitable."""
+        if self.plan.is_async:
+            return self.acall(**kwargs)
+        return run_sync(self.acall(**kwargs), needs_loop=False)
+
+    async def acall(self, **kwargs: Any) -> Any:
+        chunk, settings = self.batch(kwargs)
+        if chunk.n == 0:
+            empty: list[Any] = [[] for _ in self.outputs]
+            return empty[0] if len(empty) == 1 else tuple(empty)
+        return self.result(await run_batch(self.plan, chunk, settings))
+
+    def identity(self) -> str:
+        """Code identity: the inner nodes' code, the inner structure and the wiring."""
+        ids = self.plan.code_ids(every=True)
+        wiring = repr((sorted(self.rename_in.items()), sorted(self.outputs.items()),
+                       self.map_over, self.map_mode))
+        return combine(self.plan.graph_hash, *(f"{k}={v}" for k, v in sorted(ids.items())), wiring)
+
+
+def graph_node(
+    graph: Graph,
+    name: str | None = None,
+    map_over: str | Sequence[str] | None = None,
+    map_mode: str = "zip",
+    inputs: Mapping[str, str] | None = None,
+    outputs: Mapping[str, str] | None = None,
+) -> GraphNode:
+    """Build the ``GraphNode`` of ``graph.as_node(...)``; see ``Graph.as_node``."""
+    plan = graph.plan
+    node_name = name or graph.name
+    if plan.interrupts:
+        raise TypeError(f"graph {node_name!r} has an InterruptNode and cannot be used as a node")
+    rename_in = dict(inputs or {})
+    unknown_in = [inner for inner in rename_in.values() if inner not in plan.inputs]
+    if unknown_in:
+        raise GraphBuildError(
+            f"nested graph {node_name!r}: inputs renames {unknown_in}, which are not inputs of "
+            f"the inner graph ({', '.join(plan.inputs)})", [node_name])
+    out_map = dict(outputs) if outputs else {o: o for o in plan.outputs}
+    unknown_out = [inner for inner in out_map.values() if inner not in plan.outputs]
+    if unknown_out:
+        raise GraphBuildError(
+            f"nested graph {node_name!r}: outputs renames {unknown_out}, which the inner graph "
+            f"does not produce ({', '.join(plan.outputs)})", [node_name])
+    mapped = (map_over,) if isinstance(map_over, str) else tuple(map_over or ())
+    missing = [m for m in mapped if m not in plan.inputs]
+    if missing:
+        raise GraphBuildError(
+            f"nested graph {node_name!r}: map_over names {missing}, which are not inputs of the "
+            f"inner graph ({', '.join(plan.inputs)})", [node_name])
+    outer_of = {inner: outer for outer, inner in rename_in.items()}
+    params = tuple(outer_of.get(p, p) for p in plan.inputs)
+    defaults = {outer_of.get(p, p): OMITTED for p in plan.inputs if p not in plan.required}
+    call = _NestedCall(plan, node_name, rename_in, out_map, mapped, map_mode)
+    return GraphNode(
+        call,
+        name=node_name,
+        params=params,
+        defaults=defaults,
+        outputs=tuple(out_map),
+        version=call.identity(),
+    )
