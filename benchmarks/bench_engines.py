@@ -145,8 +145,9 @@ def best_of(fn: Callable[[], Any], repeat: int) -> float:
     return best
 
 
-def bench_engine(label: str, engine: Any, sizes: list[int], work: int,
-                 loops: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
+def bench_engine(label: str, engine: Any, sizes: list[int], work: int) -> list[dict[str, Any]]:
+    """Rows of one engine; each row's loop time is measured right before it (shared machines
+    drift: a ratio is only meaningful between two measurements under the same load)."""
     rows = []
     t0 = time.perf_counter()
     warm = Graph(TRIVIAL, engine=engine).map({"x": [1, 2, 3], "y": "y"}, map_over="x")
@@ -158,14 +159,16 @@ def bench_engine(label: str, engine: Any, sizes: list[int], work: int,
         xs = list(range(n))
         res = g.map({"x": xs, "y": "y"}, map_over="x")
         assert [r["c"] for r in res[-3:]] == trivial_loop(xs[-3:], "y")
+        loop = best_of(lambda xs=xs: trivial_loop(xs, "y"), 5)
         t = best_of(lambda xs=xs: g.map({"x": xs, "y": "y"}, map_over="x"), 3)
-        rows.append(_row("trivial", label, n, t, loops[("trivial", n)], startup))
+        rows.append(_row("trivial", label, n, t, loop, startup))
 
     g = Graph(CPU, engine=engine)
     xs = list(range(CPU_ITEMS))
     expected = cpu_loop(xs[:2], work)
+    loop = best_of(lambda: cpu_loop(xs, work), 2)
     t = best_of(lambda: _check(g.map({"x": xs, "work": work}, map_over="x"), expected), 2)
-    rows.append(_row("cpu", label, CPU_ITEMS, t, loops[("cpu", CPU_ITEMS)], startup))
+    rows.append(_row("cpu", label, CPU_ITEMS, t, loop, startup))
     return rows
 
 
@@ -184,9 +187,6 @@ def _row(workload: str, engine: str, n: int, t: float, loop: float, startup: flo
 
 def main(engines: list[str], sizes: list[int]) -> dict[str, Any]:
     work = calibrate()
-    loops = {("trivial", n): best_of(lambda n=n: trivial_loop(list(range(n)), "y"), 5)
-             for n in sizes}
-    loops[("cpu", CPU_ITEMS)] = best_of(lambda: cpu_loop(list(range(CPU_ITEMS)), work), 2)
     rows: list[dict[str, Any]] = []
     for label in engines:
         engine = SETUPS[label]()
@@ -194,7 +194,7 @@ def main(engines: list[str], sizes: list[int]) -> dict[str, Any]:
             print(f"skipping {label}: plugin not installed", file=sys.stderr)
             continue
         try:
-            rows.extend(bench_engine(label, engine, sizes, work, loops))
+            rows.extend(bench_engine(label, engine, sizes, work))
         finally:
             engine.close()
     return {

@@ -215,6 +215,23 @@ def test_unpicklable_error_crosses_as_node_error(any_engine):
     assert [r.status for r in res].count("error") == 1 and "explode" in " ".join(res[5].error.__notes__)
 
 
+def _batch_tasks(dask_scheduler) -> int:
+    return sum(1 for k in dask_scheduler.tasks if "hn-" in str(k) or "Shipment" in str(k))
+
+
+def _wait_until_released(client, timeout: float = 5) -> int:
+    deadline = time.monotonic() + timeout
+    while client.run_on_scheduler(_batch_tasks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return client.run_on_scheduler(_batch_tasks)
+
+
+def test_cluster_memory_is_released_after_a_map(distributed_engine):
+    res = Graph(N.CHAIN, engine=distributed_engine).map({"x": list(range(100))}, map_over="x")
+    assert len(res) == 100
+    assert _wait_until_released(distributed_engine.client) == 0
+
+
 def test_raise_cancels_the_remaining_tasks(distributed_engine):
     client = distributed_engine.client
     g = Graph([N.fail_after], engine=DaskEngine(client=client, partition_size=1))
@@ -224,13 +241,7 @@ def test_raise_cancels_the_remaining_tasks(distributed_engine):
     assert time.perf_counter() - t0 < 1.5  # running every task would take ~2 s
     assert info.value.hn_node == "fail_after"
 
-    def batch_tasks(dask_scheduler):
-        return sum(1 for k in dask_scheduler.tasks if "hn-batch" in str(k))
-
-    deadline = time.monotonic() + 5
-    while client.run_on_scheduler(batch_tasks) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert client.run_on_scheduler(batch_tasks) == 0
+    assert _wait_until_released(client) == 0
 
 
 def test_impure_work_is_never_deduplicated(distributed_engine, tmp_path):

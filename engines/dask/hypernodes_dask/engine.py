@@ -153,15 +153,18 @@ class DaskEngine(Engine):
         [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
         dsk, keys = build_graph(job, size, shared_key=shared.key)
         futures = client.get(dsk, keys, sync=False)
-        finished = False
+        pending = {f.key: f for f in futures}
+        done = as_completed(futures, loop=client.loop, with_results=True)
+        del futures
         try:
-            for _future, batch in as_completed(futures, loop=client.loop, with_results=True):
+            for future, batch in done:
+                # release each partition on the cluster as soon as the driver holds it
+                del pending[future.key], future
                 sink(batch)
-            finished = True
         finally:
-            if not finished:  # an error (or an interrupt): stop and release everything now
-                client.cancel([*futures, shared])
-            del futures, shared
+            if pending:  # an error (or an interrupt): stop the rest and free everything now
+                client.cancel([*pending.values(), shared])
+            del pending, shared, done
 
     def _map_local(self, job: MapJob, sink: Sink) -> None:
         import dask.local
