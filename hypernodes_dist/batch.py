@@ -20,13 +20,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
 from .errors import annotate, portable
 from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
 from .invoke import call_node, join_chunks, split_outputs
-from .keys import Keys, scope_token
+from .keys import Keys, WriteBuffer, scope_token
 from .nodes import HyperNode
 from .plan import MISSING, Plan
 from .results import NodeExecution
@@ -36,6 +36,8 @@ from .syncio import run_sync
 __all__ = ["BatchSettings", "Chunk", "BatchResult", "execute_batch", "run_batch"]
 
 NOT_RUN, RAN, HIT = 0, 1, 2
+PERSIST_SLICE = 64  # cacheable sync calls between two hand-overs to the write buffer
+Persist = Callable[[Sequence[int], Sequence[Any]], None]
 
 
 @dataclass
@@ -126,6 +128,7 @@ def _worker_id() -> str:
 
 async def _per_item(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     keys = Keys(plan, settings.cache) if settings.cache is not None else None
+    writes = WriteBuffer(settings.cache) if keys is not None else None
     wanted = settings.select or plan.outputs
     result = BatchResult(chunk.offset, chunk.n, {k: [MISSING] * chunk.n for k in wanted})
     result.histories = [[] for _ in range(chunk.n)]
@@ -135,7 +138,8 @@ async def _per_item(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchR
         run_id = settings.run_id(index)
         emit = result.events.append if settings.want_events else None
         state = RunState.start(chunk.item(i))
-        ctx = RunContext(settings.session_id, run_id, emit=emit, keys=keys, item_index=index)
+        ctx = RunContext(settings.session_id, run_id, emit=emit, keys=keys, writes=writes,
+                         item_index=index)
         t0 = time.perf_counter()
         if emit:
             emit(RunStartEvent(session_id=settings.session_id, run_id=run_id, item_index=index,
@@ -156,17 +160,21 @@ async def _per_item(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchR
                              status="error" if error else "complete", error=error,
                              outputs=state.outputs(), duration_ms=(time.perf_counter() - t0) * 1e3))
 
-    if plan.is_async:
-        sem = asyncio.Semaphore(settings.concurrency)
+    try:
+        if plan.is_async:
+            sem = asyncio.Semaphore(settings.concurrency)
 
-        async def bounded(i: int) -> None:
-            async with sem:
+            async def bounded(i: int) -> None:
+                async with sem:
+                    await one(i)
+
+            await asyncio.gather(*(bounded(i) for i in range(chunk.n)))
+        else:
+            for i in range(chunk.n):
                 await one(i)
-
-        await asyncio.gather(*(bounded(i) for i in range(chunk.n)))
-    else:
-        for i in range(chunk.n):
-            await one(i)
+    finally:  # finished work is kept even when an item raises
+        if writes is not None:
+            writes.flush()
     return result
 
 
@@ -198,7 +206,7 @@ class _Columnar:
         self.wanted = set(settings.select or plan.outputs)
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
-        self.pending: dict[str, Any] = {}  # cache writes, flushed once per batch
+        self.writes = WriteBuffer(settings.cache) if self.keys is not None else None
 
     async def run(self) -> BatchResult:
         hits: dict[str, dict[int, Any]] = {}
@@ -212,9 +220,9 @@ class _Columnar:
                 todo = self._todo(node, hits.get(node.name))
                 if todo:
                     await self._execute(node, todo)
-        finally:  # one write transaction per batch; finished work is kept even on a raise
-            if self.pending:
-                self.cache.set_many(self.pending)
+        finally:  # finished work is kept even when an item raises
+            if self.writes is not None:
+                self.writes.flush()
         return self._result()
 
     # -- demand: which items must resolve each node (chained keys make warm runs cheap) -----
@@ -323,17 +331,24 @@ class _Columnar:
                     run.append(i)
             todo = run
         failures = len(self.failed)
-        results = await self._call(node, todo)
+        persist = self._persister(node_keys) if node_keys is not None else None
+        results = await self._call(node, todo, persist)
         if len(todo) == self.n and len(self.failed) == failures and self._store_all(node, results):
-            if node_keys is not None:
-                self.pending.update(zip(node_keys, results))
             return
         done = {i: v for i, v in zip(todo, results) if v is not MISSING}
         self._store(node, done, RAN)
         if dupes:
             self._store(node, {i: done[j] for i, j in dupes.items() if j in done}, HIT)
-        if node_keys is not None and done:
-            self.pending.update({node_keys[i]: v for i, v in done.items()})
+
+    def _persister(self, node_keys: list[str]) -> Callable[[Sequence[int], Sequence[Any]], None]:
+        """Hands finished results to the write buffer as they complete (crash-safe batches)."""
+        writes = self.writes
+        assert writes is not None
+
+        def persist(positions: Sequence[int], values: Sequence[Any]) -> None:
+            writes.update((node_keys[i], v) for i, v in zip(positions, values) if v is not MISSING)
+
+        return persist
 
     def _store_all(self, node: HyperNode, results: list[Any]) -> bool:
         """Fast path: every item of the batch ran and none failed; whole columns at once."""
@@ -400,19 +415,31 @@ class _Columnar:
             its.append(repeat(None, count))
         return its
 
-    async def _call(self, node: HyperNode, todo: list[int]) -> list[Any]:
+    async def _call(self, node: HyperNode, todo: list[int], persist: Persist | None) -> list[Any]:
         if not todo:
             return []
         fn = _positional(node)
         guard = self._guard(node) if node.policy is not None else None  # policies.py
         if node.is_async or (node.streaming and not node.is_generator):
-            return await self._call_async(node, todo, guard)
+            return await self._call_async(node, todo, guard, persist)
         if guard is not None:
             fn = guard.positional(fn, [self.chunk.offset + i for i in todo])
         if self.settings.want_events:
             fn = self._timed(node, fn, todo)
         its = self._args(node, todo)
+        if persist is None:
+            return self._map(node, fn, its, todo, [])
         out: list[Any] = []
+        for start in range(0, len(todo), PERSIST_SLICE):  # persist as slices finish
+            stop = min(start + PERSIST_SLICE, len(todo))
+            self._map(node, fn, [islice(it, stop - start) for it in its], todo, out)
+            persist(todo[start:stop], out[start:stop])
+        return out
+
+    def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
+             todo: list[int], out: list[Any]) -> list[Any]:
+        """Call ``fn`` over the argument iterators into ``out``; a failing call marks its item
+        and the loop resumes after it (C-level ``map``: no per-item Python overhead)."""
         while True:
             try:
                 out.extend(map(fn, *its))
@@ -421,7 +448,8 @@ class _Columnar:
                 self._record_failure(node, todo[len(out)], exc)
                 out.append(MISSING)
 
-    async def _call_async(self, node: HyperNode, todo: list[int], guard: Any = None) -> list[Any]:
+    async def _call_async(self, node: HyperNode, todo: list[int], guard: Any = None,
+                          persist: Persist | None = None) -> list[Any]:
         sem = asyncio.Semaphore(self.settings.concurrency)
         params = node.params
 
@@ -434,6 +462,8 @@ class _Columnar:
                 else:
                     value = await guard.acall(lambda: call_node(node, kwargs, None),
                                               self.chunk.offset + i)
+                if persist is not None:
+                    persist((i,), (value,))
                 return value, start, (time.perf_counter() - t0) * 1e3
 
         its = self._args(node, todo)

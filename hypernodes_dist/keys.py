@@ -9,7 +9,8 @@ hash. A key = hash(code identity, (parameter, value identity) pairs, session/run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -17,7 +18,9 @@ from .hashing import chain_id, hash_value, key_from, key_prefix
 from .nodes import HyperNode
 from .plan import Plan
 
-__all__ = ["Keys", "scope_token"]
+__all__ = ["Keys", "WriteBuffer", "scope_token", "FLUSH_SECONDS"]
+
+FLUSH_SECONDS = 0.5  # finished work reaches the disk at least this often during a batch
 
 
 def scope_token(scope: str, session_id: str, run_id: str) -> str | None:
@@ -95,3 +98,31 @@ class Keys:
     @staticmethod
     def output_id(key: str, output: str) -> str:
         return chain_id(key, output)
+
+
+class WriteBuffer:
+    """Cache writes of one batch: one transaction for many entries, yet never more than
+    ``FLUSH_SECONDS`` of finished work waiting in memory (a crash loses at most that)."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self.items: dict[str, Any] = {}
+        self.last = time.monotonic()
+
+    def add(self, key: str, value: Any) -> None:
+        self.items[key] = value
+        self.flush_if_due()
+
+    def update(self, pairs: Iterable[tuple[str, Any]]) -> None:
+        self.items.update(pairs)
+        self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        if self.items and time.monotonic() - self.last >= FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.items:
+            items, self.items = self.items, {}
+            self.cache.set_many(items)
+        self.last = time.monotonic()
