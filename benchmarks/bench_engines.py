@@ -125,11 +125,25 @@ def dask_localcluster() -> Any:
                  cluster_kwargs={"threads_per_worker": 1, "dashboard_address": None})
 
 
+def _daft(**kwargs: Any) -> Any:
+    try:
+        from hypernodes_daft import DaftEngine
+    except ImportError:
+        return None
+    return DaftEngine(**kwargs)
+
+
+def daft_native() -> Any:
+    """Daft's native runner (threads of this process); async I/O rows: bench_daft.py."""
+    return _daft(runner="native")
+
+
 SETUPS: dict[str, Callable[[], Any]] = {
     "local": local,
     "dask-threads": dask_threads,
     "dask-processes": dask_processes,
     "dask-localcluster": dask_localcluster,
+    "daft-native": daft_native,
 }
 
 
