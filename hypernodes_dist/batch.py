@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from itertools import islice, repeat
 from typing import Any
 
+from .context import PARENT, Parent
 from .errors import annotate, portable
 from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
 from .invoke import call_node, join_chunks, split_outputs
@@ -454,6 +455,8 @@ class _Columnar:
         params = node.params
 
         async def one(args: tuple[Any, ...], i: int) -> Any:
+            if node.nests and self.settings.want_events:  # this task's own context
+                PARENT.set(self._parent(i))
             async with sem:
                 t0, start = time.perf_counter(), time.time()
                 kwargs = dict(zip(params, args)) if params else {}
@@ -483,18 +486,27 @@ class _Columnar:
         return out
 
     def _timed(self, node: HyperNode, fn: Callable[..., Any], todo: list[int]) -> Callable[..., Any]:
+        """``fn`` timing each call (events want start/duration per item); a nesting node's
+        inner runs report to this batch's events as children of the item's run."""
         positions = iter(todo)
         timing = self.timing
 
         def timed(*args: Any) -> Any:
             i = next(positions)
+            nested = PARENT.set(self._parent(i)) if node.nests else None
             t0, start = time.perf_counter(), time.time()
             try:
                 return fn(*args)
             finally:
                 timing[(node.name, i)] = (start, (time.perf_counter() - t0) * 1e3)
+                if nested is not None:
+                    PARENT.reset(nested)
 
         return timed
+
+    def _parent(self, i: int) -> Parent:
+        s = self.settings
+        return Parent(self.events.append, s.session_id, s.run_id(self.chunk.offset + i))
 
     def _guard(self, node: HyperNode) -> Any:
         """The node's call policy for this batch; ``PolicyEvent``s join the batch's events."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .context import PARENT
 from .batch import BatchResult, BatchSettings, Chunk, run_batch
 from .errors import GraphBuildError
 from .hashing import combine
@@ -46,6 +47,8 @@ OMITTED: Any = _Omitted()
 
 class GraphNode(FunctionNode):
     """A node running an inner graph; outputs become lists when it maps."""
+
+    nests = True
 
     def __init__(self, call: _NestedCall, **kwargs: Any) -> None:
         super().__init__(func=call, **kwargs)
@@ -102,7 +105,18 @@ class _NestedCall:
         if chunk.n == 0:
             empty: list[Any] = [[] for _ in self.outputs]
             return empty[0] if len(empty) == 1 else tuple(empty)
-        return self.result(await run_batch(self.plan, chunk, settings))
+        parent = PARENT.get()
+        if parent is not None:  # someone listens: inner runs report as children of this run
+            settings.want_events = True
+            settings.session_id = parent.session_id
+            settings.run_prefix = f"{parent.run_id}/{self.name}-"
+        batch = await run_batch(self.plan, chunk, settings)
+        if parent is not None:
+            for event in batch.events:
+                if event.parent_run_id is None:
+                    event.parent_run_id = parent.run_id
+                parent.emit(event)
+        return self.result(batch)
 
     def identity(self) -> str:
         """Code identity: the inner nodes' code, the inner structure and the wiring."""

@@ -58,3 +58,33 @@ def test_inner_error_follows_outer_on_error(engine):
     assert [r.status for r in res] == ["complete", "error", "complete"]
     assert "embed_each" in " ".join(res[1].error.__notes__)
     assert res[2]["norms"] == [2]
+
+
+def test_inner_runs_report_as_nested_runs(engine):
+    starts = []
+
+    class Collect:
+        def on_run_start(self, event):
+            starts.append(event)
+
+    res = Graph(N.OUTER, engine=engine, callbacks=[Collect()]).map(
+        {"document": ["a|bb", "c"]}, map_over="document")
+    outer = {r.run_id for r in res}
+    inner = [e for e in starts if e.parent_run_id is not None]
+    assert {e.run_id for e in starts if e.parent_run_id is None} == outer
+    assert len(inner) == 3  # one inner run per passage
+    assert {e.parent_run_id for e in inner} == outer
+    assert len({e.run_id for e in inner}) == 3 and not ({e.run_id for e in inner} & outer)
+
+
+def test_inner_runs_of_run_report_with_parent(engine):
+    ends = []
+
+    class Collect:
+        def on_node_end(self, event):
+            ends.append(event)
+
+    r = Graph(N.OUTER, engine=engine, callbacks=[Collect()]).run({"document": "a|b"})
+    inner = [e for e in ends if e.parent_run_id == r.run_id]
+    assert sorted(e.node_id for e in inner) == ["embed", "embed", "norm", "norm"]
+    assert {e.node_id for e in ends if e.parent_run_id is None} == {"split", "embed_each", "total"}
