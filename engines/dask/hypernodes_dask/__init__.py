@@ -6,6 +6,7 @@ Registered under the entry point ``dask`` of the ``hypernodes_dist.engines`` gro
 
 from __future__ import annotations
 
+from . import limits as _limits  # noqa: F401  (cluster-wide node limits on distributed workers)
 from .compile import UnpicklableError
 from .engine import DaskEngine, auto_partition_size
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import threading
 import uuid
 from collections import OrderedDict
@@ -159,11 +160,22 @@ def write_shipment(data: bytes, digest: str, directory: str) -> Shipment:
 # ------------------------------------------------------------------ the task
 
 
+def pack_columns(columns: dict[str, Sequence[Any]]) -> bytes:
+    """A partition's items as one opaque blob: schedulers, tokenizers and the process pool
+    then move bytes instead of walking (and re-pickling) every item."""
+    try:
+        return pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return cloudpickle.dumps(columns)
+
+
 def run_partition(shared: Payload | Shipment, offset: int, n: int,
-                  columns: dict[str, Sequence[Any]]) -> BatchResult:
+                  columns: dict[str, Sequence[Any]] | bytes) -> BatchResult:
     """One Dask task: items ``offset .. offset+n`` through the shared plan executor."""
     remote = isinstance(shared, Shipment)
     payload = shared.load() if remote else shared
+    if isinstance(columns, bytes):
+        columns = pickle.loads(columns)
     chunk = Chunk(offset, n, columns, payload.broadcast)
     try:
         return execute_batch(payload.plan, chunk, payload.settings)
@@ -177,12 +189,13 @@ def run_partition(shared: Payload | Shipment, offset: int, n: int,
 
 
 def build_graph(job: MapJob, partition_size: int, shared: Any = None,
-                shared_key: Any = None) -> tuple[dict[Any, Any], list[Any]]:
+                shared_key: Any = None, pack: bool = False) -> tuple[dict[Any, Any], list[Any]]:
     """The task graph of ``job`` and its output keys (one per partition, in item order).
 
     ``shared`` (the payload or a ``Shipment``) becomes one ``DataNode`` key of the graph;
     alternatively ``shared_key`` names data already on the cluster (a scattered future's
-    key), which the tasks then reference without embedding it.
+    key), which the tasks then reference without embedding it. ``pack`` pickles each
+    partition's items into bytes (for schedulers that serialize tasks).
     """
     token = uuid.uuid4().hex
     dsk: dict[Any, Any] = {}
@@ -194,7 +207,9 @@ def build_graph(job: MapJob, partition_size: int, shared: Any = None,
     keys = []
     for i, (start, stop) in enumerate(job.bounds(partition_size)):
         key = (name, i)
-        cols = {k: v[start:stop] for k, v in job.columns.items()}
+        cols: Any = {k: v[start:stop] for k, v in job.columns.items()}
+        if pack:
+            cols = pack_columns(cols)
         dsk[key] = Task(key, run_partition, ref, start, stop - start, cols)
         keys.append(key)
     return dsk, keys

@@ -151,7 +151,7 @@ class DaskEngine(Engine):
         client = self.client
         size = self.partition_size_for(job.n)
         [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
-        dsk, keys = build_graph(job, size, shared_key=shared.key)
+        dsk, keys = build_graph(job, size, shared_key=shared.key, pack=True)
         futures = client.get(dsk, keys, sync=False)
         pending = {f.key: f for f in futures}
         done = as_completed(futures, loop=client.loop, with_results=True)
@@ -181,7 +181,7 @@ class DaskEngine(Engine):
             path = shared.path
         else:
             shared = Payload(job.plan, job.broadcast, job.settings)
-        dsk, keys = build_graph(job, size, shared=shared)
+        dsk, keys = build_graph(job, size, shared=shared, pack=path is not None)
         outputs = frozenset(keys)
 
         def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
