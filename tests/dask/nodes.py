@@ -74,3 +74,11 @@ def record_call(x: int, log_dir: str) -> int:
 @node(output_name="echo")
 def uses_handle(x: int, handle: object) -> int:
     return x
+
+
+@node(output_name="thread")
+def which_thread(x: int) -> int:
+    import threading
+
+    time.sleep(0.01)
+    return threading.get_ident()

@@ -82,6 +82,18 @@ def test_auto_partition_size_rule():
     assert auto_partition_size(50, 2, tasks_per_worker=1, max_size=20) == 20
 
 
+def test_partition_size_follows_workers_and_override():
+    assert DaskEngine(scheduler="threads", num_workers=3).partition_size_for(1_200) == 100
+    assert DaskEngine(scheduler="sync").partition_size_for(1_200) == 300
+    assert DaskEngine(scheduler="threads", partition_size=17).partition_size_for(1_200) == 17
+
+
+def test_num_workers_is_honoured_on_threads():
+    eng = DaskEngine(scheduler="threads", num_workers=3, partition_size=1)
+    res = Graph([N.which_thread], engine=eng).map({"x": list(range(30))}, map_over="x")
+    assert 1 < len({r["thread"] for r in res}) <= 3
+
+
 @pytest.mark.parametrize("n,size", [(1, 5), (10, 3), (1_000, 100), (100_000, 10_000)])
 def test_task_count_is_items_over_partition_size(n, size):
     dsk, keys = build_graph(make_job(n), size, shared="payload")
