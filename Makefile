@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml engines/dask/pyproject.toml engines/daft/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]" -e engines/dask -e engines/daft
+	$(PY) -m pip install -q -e ".[test]" -e engines/dask -e "engines/daft[ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -451,6 +451,11 @@ class _Columnar:
 
     async def _call_async(self, node: HyperNode, todo: list[int], guard: Any = None,
                           persist: Persist | None = None) -> list[Any]:
+        its = self._args(node, todo)
+        plain = guard is None and persist is None and not self.settings.want_events
+        if plain and node.is_async and not node.streaming and len(todo) <= self.settings.concurrency:
+            return self._gathered(node, todo, await asyncio.gather(
+                *map(_positional(node), *its), return_exceptions=True))
         sem = asyncio.Semaphore(self.settings.concurrency)
         params = node.params
 
@@ -469,10 +474,17 @@ class _Columnar:
                     persist((i,), (value,))
                 return value, start, (time.perf_counter() - t0) * 1e3
 
-        its = self._args(node, todo)
         results = await asyncio.gather(
             *(one(a if params else (), i) for a, i in zip(zip(*its), todo)), return_exceptions=True
         )
+        for i, r in zip(todo, results):
+            if not isinstance(r, BaseException):
+                self.timing[(node.name, i)] = (r[1], r[2])
+        return self._gathered(node, todo, [
+            r if isinstance(r, BaseException) else r[0] for r in results])
+
+    def _gathered(self, node: HyperNode, todo: list[int], results: list[Any]) -> list[Any]:
+        """``gather`` results -> values, failures recorded per item (MISSING in their place)."""
         out = []
         for i, r in zip(todo, results):
             if isinstance(r, BaseException):
@@ -481,8 +493,7 @@ class _Columnar:
                 self._record_failure(node, i, r)
                 out.append(MISSING)
             else:
-                out.append(r[0])
-                self.timing[(node.name, i)] = (r[1], r[2])
+                out.append(r)
         return out
 
     def _timed(self, node: HyperNode, fn: Callable[..., Any], todo: list[int]) -> Callable[..., Any]:
@@ -602,7 +613,10 @@ def _make_positional(node: HyperNode) -> Callable[..., Any]:
         kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
     except (TypeError, ValueError):
         kinds = set()
-    if kinds & {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}:
+    if not params:  # the executor feeds one placeholder argument per item
+        def fn(_item: Any = None, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
+            return _f()
+    elif kinds & {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}:
         def fn(*args: Any, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
             return _f(**dict(zip(params, args)))
     if node.is_generator:

@@ -32,6 +32,7 @@ __all__ = [
     "StreamingStartEvent",
     "StreamingChunkEvent",
     "StreamingEndEvent",
+    "PolicyEvent",
     "GraphCallback",
     "hook_name",
     "dispatch",
@@ -149,6 +150,18 @@ class StreamingChunkEvent(Event):
 class StreamingEndEvent(Event):
     output_name: str = ""
     final_value: Any = None
+
+
+@dataclass(kw_only=True)
+class PolicyEvent(Event):
+    """A node policy acted on one call: ``kind`` is ``"retry"`` (attempt ``attempt`` failed;
+    the next starts after ``wait`` s), ``"throttle"`` (waited ``wait`` s for a concurrency
+    slot or a rate-limit turn) or ``"timeout"`` (attempt ``attempt`` ran out of ``wait`` s)."""
+
+    kind: str = ""
+    attempt: int = 1
+    wait: float = 0.0
+    reason: str = ""
 
 
 class GraphCallback:

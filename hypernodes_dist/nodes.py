@@ -13,6 +13,8 @@ import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
+from .policies import make_policy
+
 __all__ = [
     "END",
     "HyperNode",
@@ -67,13 +69,13 @@ class HyperNode:
         backoff: Any = None,
         timeout: float | None = None,
         version: str | None = None,
+        concurrency: int | None = None,
+        rate_limit: Any = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"node name must be a non-empty string, got {name!r}")
-        if retries < 0:
-            raise ValueError(f"node {name!r}: retries must be >= 0, got {retries}")
-        if timeout is not None and timeout <= 0:
-            raise ValueError(f"node {name!r}: timeout must be positive seconds, got {timeout}")
+        # validated here; None when no policy is set (executors then add no wrapper at all)
+        self.policy = make_policy(name, retries, backoff, timeout, concurrency, rate_limit)
         self.name = name
         self.params = tuple(params)
         self.defaults = dict(defaults)
@@ -84,6 +86,8 @@ class HyperNode:
         self.retries = retries
         self.backoff = backoff
         self.timeout = timeout
+        self.concurrency = concurrency
+        self.rate_limit = rate_limit
         self.version = version
         self.is_async = func is not None and (
             inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
@@ -238,8 +242,18 @@ def node(
     backoff: Any = None,
     timeout: float | None = None,
     version: str | None = None,
+    concurrency: int | None = None,
+    rate_limit: Any = None,
 ) -> Any:
-    """Make a function a graph node writing ``output_name`` (a tuple return is unpacked)."""
+    """Make a function a graph node writing ``output_name`` (a tuple return is unpacked).
+
+    Call policies (``hypernodes_dist.policies``): ``retries`` re-runs a failed call up to N
+    more times, waiting ``backoff`` (``None``, seconds, ``"exponential"`` or
+    ``callable(attempt) -> seconds``) between attempts; ``timeout`` seconds per attempt;
+    ``concurrency`` caps overlapping calls and ``rate_limit`` (``"100/minute"`` or
+    ``(count, seconds)``) spaces call starts, across all processes of the machine (and of a
+    Dask ``distributed`` cluster).
+    """
 
     def wrap(f: Callable[..., Any]) -> FunctionNode:
         if isinstance(f, HyperNode):
@@ -259,6 +273,8 @@ def node(
             backoff=backoff,
             timeout=timeout,
             version=version,
+            concurrency=concurrency,
+            rate_limit=rate_limit,
         )
         _copy_metadata(built, f)
         return built

@@ -41,6 +41,7 @@ from .invoke import call_node, split_outputs
 from .keys import Keys, scope_token
 from .nodes import END, HyperNode
 from .plan import MISSING, Plan
+from .policies import guarded_call
 from .results import NodeExecution
 from .statesync import delta_ops
 
@@ -307,7 +308,9 @@ class Scheduler:
                     **self._base(node, step), output_name=output, chunk=chunk, chunk_index=index,
                 ))
 
-        if self.ctx.parallel and not node.is_async:
+        if node.policy is not None:  # retries, timeout, limits: policies.py
+            value = await guarded_call(node, kwargs, on_chunk, self.ctx, self._base(node, step))
+        elif self.ctx.parallel and not node.is_async:
             value = await self._in_thread(node, kwargs, on_chunk)
         else:
             value = await call_node(node, kwargs, on_chunk)

@@ -272,3 +272,21 @@ def executions(directory: Path, prefix: str = "") -> list[int]:
     for f in Path(directory).glob(f"{prefix}[0-9]*.log"):
         lines.extend(int(s) for s in f.read_text().split())
     return sorted(lines)
+
+
+@node(output_name="k")
+def constant() -> int:
+    return 7
+
+
+@node(output_name="ak")
+async def async_constant() -> int:
+    return 8
+
+
+@node(output_name="total_k")
+def add_constants(x: int, k: int, ak: int) -> int:
+    return x + k + ak
+
+
+CONSTANTS = [constant, async_constant, add_constants]

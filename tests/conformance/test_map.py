@@ -209,3 +209,9 @@ def test_run_error_policy(engine):
     assert "fragile" in " ".join(info.value.__notes__)
     r = g.run({"x": 3}, on_error="collect")
     assert r.status == "error" and isinstance(r.error, G.ItemFailure)
+
+
+def test_nodes_without_parameters(engine):
+    res = Graph(G.CONSTANTS, engine=engine).map({"x": [1, 2, 3]}, map_over="x")
+    assert [r["total_k"] for r in res] == [16, 17, 18]
+    assert Graph(G.CONSTANTS, engine=engine).run({"x": 0})["total_k"] == 15

@@ -1,0 +1,129 @@
+"""Node call policies on every engine: retries, timeouts, concurrency and rate limits.
+
+Attempts, intervals and start times are recorded in files (worker processes share no
+memory with the driver). The rate-limit test is the one place a test asserts a lower time
+bound: the limit itself is the behaviour.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hypernodes_dist import Graph
+from hypernodes_dist.policies import NodeTimeoutError
+
+from . import policy_graphs as P
+
+
+class Policies:
+    def __init__(self) -> None:
+        self.events = []
+        self.errors = []
+
+    def on_policy(self, event) -> None:
+        self.events.append(event)
+
+    def on_node_error(self, event) -> None:
+        self.errors.append(event)
+
+
+@pytest.fixture
+def logs(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    return str(d)
+
+
+@pytest.mark.parametrize("flaky", [P.pol_flaky, P.pol_aflaky], ids=["sync", "async"])
+def test_two_failures_then_success_with_retries_2(engine, logs, flaky):
+    seen = Policies()
+    xs = list(range(9))
+    res = Graph([flaky, P.pol_after], engine=engine, callbacks=[seen]).map(
+        {"x": xs, "log_dir": logs}, map_over="x"
+    )
+    assert [r["z"] for r in res] == [x * 10 + 1 for x in xs]
+    tag = "flaky" if flaky is P.pol_flaky else "aflaky"
+    assert [P.attempts(logs, tag, x) for x in xs] == [3] * len(xs)  # only the failed node re-ran
+    retries = [e for e in seen.events if e.kind == "retry"]
+    assert sorted((e.item_index, e.attempt) for e in retries) == [
+        (x, a) for x in xs for a in (1, 2)
+    ]
+    assert all(e.node_id == flaky.name and "FlakyError" in e.reason and e.run_id for e in retries)
+
+
+def test_retries_in_the_per_item_scheduler(engine, logs):
+    g = Graph([P.pol_route, P.pol_flaky, P.pol_skip, P.pol_after], engine=engine)
+    res = g.map({"x": [0, 1, 2], "log_dir": logs}, map_over="x")
+    assert [r["z"] for r in res] == [1, 11, 21]
+    assert [P.attempts(logs, "flaky", x) for x in range(3)] == [3, 3, 3]
+
+
+def test_retries_exhausted_report_the_last_error_and_attempts(engine, logs):
+    g = Graph([P.pol_always_fails], engine=engine)
+    with pytest.raises(ValueError, match="attempt 2 failed") as info:
+        g.map({"x": [4], "log_dir": logs}, map_over="x")
+    err = info.value
+    assert err.hn_attempts == 2
+    assert any("2 attempts" in n for n in err.__notes__)
+    assert any("pol_always_fails" in n and "item 0" in n for n in err.__notes__)
+    assert P.attempts(logs, "fails", 4) == 2
+
+    seen = Policies()
+    res = Graph([P.pol_always_fails], engine=engine, callbacks=[seen]).map(
+        {"x": [5, 6], "log_dir": logs}, map_over="x", on_error="collect"
+    )
+    assert [r.status for r in res] == ["error", "error"]
+    assert all("attempt 2 failed" in str(r.error) and r.error.hn_attempts == 2 for r in res)
+    assert [P.attempts(logs, "fails", x) for x in (5, 6)] == [2, 2]
+    assert sorted(e.attempts for e in seen.errors) == [2, 2]
+
+
+@pytest.mark.parametrize("sleepy", [P.pol_sleepy, P.pol_asleepy], ids=["sync", "async"])
+def test_timeout_fires_and_names_node_item_and_limit(engine, sleepy):
+    seen = Policies()
+    t0 = time.perf_counter()
+    res = Graph([sleepy], engine=engine, callbacks=[seen]).map(
+        {"x": [0, 1, 2]}, map_over="x", on_error="collect"
+    )
+    assert time.perf_counter() - t0 < 0.9  # never waited for the 1 s / 5 s call
+    assert [r.status for r in res] == ["complete", "error", "complete"]
+    assert res[0]["y"] == 0 and res[2]["y"] == 2
+    err = res[1].error
+    assert isinstance(err, TimeoutError) and isinstance(err, NodeTimeoutError)
+    assert sleepy.name in str(err) and "item 1" in str(err) and "timeout=0.2" in str(err)
+    assert [(e.kind, e.item_index, e.wait) for e in seen.events] == [("timeout", 1, 0.2)]
+
+
+@pytest.mark.parametrize("limited,bound,n", [(P.pol_conc2, 2, 12), (P.pol_conc1, 1, 14)],
+                         ids=["async-2", "sync-1"])
+def test_concurrency_caps_overlapping_calls(engine, logs, limited, bound, n):
+    res = Graph([limited], engine=engine).map({"x": list(range(n)), "log_dir": logs}, map_over="x")
+    assert [r["y"] for r in res] == list(range(n))
+    calls, peak = P.max_overlap(logs)
+    assert calls == n
+    assert 1 <= peak <= bound
+
+
+def test_rate_limit_spaces_calls(engine, logs):
+    n = 10
+    seen = Policies()
+    t0 = time.perf_counter()
+    res = Graph([P.pol_rated], engine=engine, callbacks=[seen]).map(
+        {"x": list(range(n)), "log_dir": logs}, map_over="x"
+    )
+    elapsed = time.perf_counter() - t0
+    assert [r["y"] for r in res] == list(range(n))
+    # N calls at most R per second, evenly spaced: the first starts at once, the last
+    # (N-1)/R seconds later. Lower bound on purpose: the limit is the behaviour under test.
+    assert elapsed >= (n - 1) / P.RATE
+    starts = sorted(float(s) for s in (open(f"{logs}/starts.log").read().split()))
+    assert starts[-1] - starts[0] >= (n - 1) / P.RATE * 0.97
+    assert any(e.kind == "throttle" and "rate_limit" in e.reason for e in seen.events)
+
+
+def test_limits_backend_is_cluster_wide_on_distributed(engine):
+    res = Graph([P.pol_backend], engine=engine).map({"x": [0, 1]}, map_over="x")
+    distributed = getattr(engine, "scheduler", None) == "distributed"
+    assert {r["backend"] for r in res} == {"distributed" if distributed else "file"}
