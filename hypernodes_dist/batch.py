@@ -28,10 +28,10 @@ from .errors import annotate, portable
 from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
 from .invoke import call_node, join_chunks, split_outputs
 from .keys import Keys, WriteBuffer, scope_token
-from .nodes import HyperNode
+from .nodes import END, HyperNode
 from .plan import MISSING, Plan
 from .results import NodeExecution
-from .scheduler import RunContext, RunState, Scheduler
+from .scheduler import RunContext, RunState, Scheduler, decision_target
 from .syncio import run_sync
 
 __all__ = ["BatchSettings", "Chunk", "BatchResult", "execute_batch", "run_batch"]
@@ -115,7 +115,7 @@ def execute_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchRes
 
 async def run_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
-    if plan.static:
+    if plan.columnar:
         return await _Columnar(plan, chunk, settings).run()
     return await _per_item(plan, chunk, settings)
 
@@ -189,7 +189,13 @@ def _fail(exc: BaseException, settings: BatchSettings) -> BaseException:
 
 
 class _Columnar:
-    """Node-by-node execution of a static plan over one batch."""
+    """Node-by-node execution of an acyclic plan over one batch.
+
+    Branch and gate decisions are kept per item (``active``): a target runs for the items
+    that chose it; a consumer whose produced input is absent for an item uses its default,
+    or does not run for that item. This is the scheduler's semantics for acyclic graphs
+    whose gates cannot ``END`` (the plans ``Plan.columnar`` admits).
+    """
 
     def __init__(self, plan: Plan, chunk: Chunk, settings: BatchSettings) -> None:
         self.plan, self.chunk, self.settings = plan, chunk, settings
@@ -198,10 +204,12 @@ class _Columnar:
         self.consts: dict[str, Any] = dict(chunk.broadcast)
         self.failed: dict[int, BaseException] = {}
         self.codes = {node.name: bytearray(self.n) for node in plan.nodes}
+        self.active: dict[str, set[int]] = {t: set() for t in plan.gated}
         self.keys = Keys(plan, settings.cache) if settings.cache is not None else None
         self.cache = settings.cache
         self.node_keys: dict[str, list[str]] = {}
-        self.ids: dict[str, list[str] | str] = {}
+        self.src_keys: dict[str, list[str | None]] = {}  # output -> key of the run producing it
+        self.input_ids: dict[str, list[str] | str] = {}
         self.events: list[Event] = []
         self.timing: dict[tuple[str, int], tuple[float, float]] = {}
         self.wanted = set(settings.select or plan.outputs)
@@ -211,7 +219,7 @@ class _Columnar:
 
     async def run(self) -> BatchResult:
         hits: dict[str, dict[int, Any]] = {}
-        if self.keys is not None:
+        if self.keys is not None and self.plan.static:
             for node in self.plan.nodes:
                 self._precompute_keys(node)
             if not self.settings.want_events:  # events report every node: fetch everything
@@ -254,38 +262,56 @@ class _Columnar:
         return hits
 
     def _precompute_keys(self, node: HyperNode) -> None:
+        """Keys known before anything runs: inputs hashed, produced values chained."""
         keys = self.keys
         assert keys is not None
         if not keys.cacheable(node):
             return
-        arg_ids = []
+        arg_ids: list[list[str] | str] = []
         for p in node.params:
-            ident = self._input_ids(node, p)
-            if ident is None:
-                return  # produced by a node without a precomputable key: key comes later
-            arg_ids.append(ident)
+            if p in self.plan.producers:
+                pkeys = self.node_keys.get(self.plan.producers[p][0])  # static: one producer
+                if pkeys is None:
+                    return  # downstream of a non-cacheable node: keyed when it runs
+                arg_ids.append([keys.output_id(k, p) for k in pkeys])
+            else:
+                arg_ids.append(self._given_ids(node, p))
         self.node_keys[node.name] = self._keys_for(node, arg_ids)
 
-    def _input_ids(self, node: HyperNode, p: str) -> list[str] | str | None:
-        found = self.ids.get(p)
-        if found is not None:
-            return found
+    def _given_ids(self, node: HyperNode, p: str) -> list[str] | str:
+        """Ids of a graph input: one per item (mapped), one for all (broadcast), or default."""
+        found = self.input_ids.get(p)
+        if found is None:
+            keys = self.keys
+            assert keys is not None
+            if p in self.consts:
+                found = keys.value_id(self.consts[p])
+            elif p in self.values:
+                found = [keys.value_id(v) for v in self.values[p]]
+            else:
+                return keys.default_id(node, p)
+            self.input_ids[p] = found
+        return found
+
+    def _current_keys(self, node: HyperNode) -> list[str]:
+        """Keys from what has run: a produced value's id chains the key of the run that
+        produced it (content hash when that node is not cacheable), as the scheduler does."""
         keys = self.keys
         assert keys is not None
-        if p in self.plan.producers:
-            producer = self.plan.by_name[self.plan.producers[p][0]]
-            pkeys = self.node_keys.get(producer.name)
-            if pkeys is None:
-                return None
-            found = [keys.output_id(k, p) for k in pkeys]
-        elif p in self.consts:
-            found = keys.value_id(self.consts[p])
-        elif p in self.values:
-            found = [keys.value_id(v) for v in self.values[p]]
-        else:
-            return keys.default_id(node, p)
-        self.ids[p] = found
-        return found
+        arg_ids: list[list[str] | str] = []
+        for p in node.params:
+            if p not in self.plan.producers:
+                arg_ids.append(self._given_ids(node, p))
+                continue
+            values = self.values.get(p, [MISSING] * self.n)
+            src = self.src_keys.get(p, [None] * self.n)
+            absent = keys.default_id(node, p) if p in node.defaults else ""
+            arg_ids.append([
+                keys.output_id(k, p) if k is not None
+                else absent if v is MISSING else keys.value_id(v)
+                for k, v in zip(src, values)
+            ])
+        return self._keys_for(node, arg_ids)
 
     def _keys_for(self, node: HyperNode, arg_ids: list[Any]) -> list[str]:
         keys, s = self.keys, self.settings
@@ -303,17 +329,28 @@ class _Columnar:
         return {i: found[k] for i, k in zip(items, wanted) if k in found}
 
     def _todo(self, node: HyperNode, hits: dict[int, Any] | None) -> list[int]:
-        need = range(self.n) if self.need is None else self.need[node.name]
+        """Items that must execute ``node``: needed, not failed, activated if it is a target,
+        and holding every produced input it has no default for."""
+        need: Sequence[int] = range(self.n) if self.need is None else self.need[node.name]
+        if node.name in self.active:
+            need = sorted(self.active[node.name].intersection(need))
         if hits:
             self._store(node, hits, HIT)
         failed = self.failed
-        return [i for i in need if i not in failed and (not hits or i not in hits)]
+        todo = [i for i in need if i not in failed and (not hits or i not in hits)]
+        if self.plan.static:
+            return todo
+        for p in node.params:
+            if p in self.plan.producers and p not in node.defaults:
+                column = self.values.get(p)
+                todo = [] if column is None else [i for i in todo if column[i] is not MISSING]
+        return todo
 
     # -- execution -----------------------------------------------------------------------
     async def _execute(self, node: HyperNode, todo: list[int]) -> None:
         keys = self.keys
         if keys is not None and keys.cacheable(node) and node.name not in self.node_keys:
-            self._late_keys(node)
+            self.node_keys[node.name] = self._current_keys(node)
         node_keys = self.node_keys.get(node.name)
         first: dict[str, int] = {}
         dupes: dict[int, int] = {}
@@ -353,7 +390,7 @@ class _Columnar:
 
     def _store_all(self, node: HyperNode, results: list[Any]) -> bool:
         """Fast path: every item of the batch ran and none failed; whole columns at once."""
-        if self.settings.want_events:
+        if self.settings.want_events or node.targets:
             return False
         outputs = node.outputs
         if len(outputs) > 1:
@@ -364,26 +401,23 @@ class _Columnar:
                 self.values[name] = list(column)
         elif outputs:
             self.values[outputs[0]] = results
+        node_keys = self.node_keys.get(node.name)
+        for name in outputs:
+            if node_keys is not None:
+                self.src_keys[name] = node_keys  # type: ignore[assignment]
+            else:
+                self.src_keys.pop(name, None)
         self.codes[node.name] = bytearray(b"\x01") * self.n
         return True
 
-    def _late_keys(self, node: HyperNode) -> None:
-        """Keys of a node downstream of a non-cacheable one: hash the values it received."""
-        keys = self.keys
-        assert keys is not None
-        arg_ids: list[Any] = []
-        for p in node.params:
-            if p in self.values and self.ids.get(p) is None:
-                arg_ids.append([keys.value_id(v) if v is not MISSING else "" for v in self.values[p]])
-            else:
-                ident = self._input_ids(node, p)
-                arg_ids.append(ident if ident is not None else "")
-        self.node_keys[node.name] = self._keys_for(node, arg_ids)
-
     def _store(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
+        if node.targets:
+            results = self._decide(node, results)
         codes = self.codes[node.name]
         outputs = node.outputs
         cols = [self.values.setdefault(o, [MISSING] * self.n) for o in outputs]
+        node_keys = self.node_keys.get(node.name)
+        srcs = [self._src_column(o) for o in outputs]
         single = len(outputs) == 1
         for i, value in results.items():
             if single:
@@ -396,9 +430,34 @@ class _Columnar:
                     continue
                 for col, part in zip(cols, parts):
                     col[i] = part
+            for src in srcs:
+                src[i] = node_keys[i] if node_keys is not None else None
             codes[i] = code
         if self.settings.want_events:
             self._node_events(node, results, code)
+
+    def _src_column(self, output: str) -> list[str | None]:
+        src = self.src_keys.get(output)
+        if src is None:
+            src = self.src_keys[output] = [None] * self.n
+        elif len(self.plan.producers[output]) == 1 and src is self.node_keys.get(
+                self.plan.producers[output][0]):
+            src = self.src_keys[output] = list(src)  # never write into a node's key list
+        return src
+
+    def _decide(self, node: HyperNode, results: dict[int, Any]) -> dict[int, Any]:
+        """Activate each item's chosen target; a bad decision fails that item."""
+        decided = {}
+        for i, value in results.items():
+            try:
+                target = decision_target(node, value)
+            except Exception as exc:
+                self._record_failure(node, i, exc)
+                continue
+            if target is not END:
+                self.active[target].add(i)
+            decided[i] = value
+        return decided
 
     def _args(self, node: HyperNode, todo: list[int]) -> list[Iterator[Any]]:
         full = len(todo) == self.n
@@ -407,6 +466,9 @@ class _Columnar:
         for p in node.params:
             if p in self.values:
                 col = self.values[p]
+                if p in node.defaults and p in self.plan.producers:  # absent -> default
+                    default = node.defaults[p]
+                    col = [default if v is MISSING else v for v in col]
                 its.append(iter(col) if full else iter([col[i] for i in todo]))
             elif p in self.consts:
                 its.append(repeat(self.consts[p], count))

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from .nodes import HyperNode
+from .nodes import END, HyperNode
 from .topology import Topology, analyze
 
 __all__ = ["Plan", "compile_plan", "MISSING"]
@@ -53,6 +53,13 @@ class Plan:
         self.outputs = _ordered_outputs(self.nodes)
         self.ancestors = tuple(topology.ancestors[n.name] for n in self.nodes)
         self.static = not topology.has_cycles and all(n.kind == "function" for n in self.nodes)
+        # columnar: acyclic, no interrupts, no gate that can END (END stops a run mid-wave,
+        # which only the per-item scheduler reproduces); branches/gates decided per item
+        self.columnar = not topology.has_cycles and all(
+            n.kind in ("function", "branch")
+            or (n.kind == "gate" and END not in n.choices)  # type: ignore[attr-defined]
+            for n in self.nodes
+        )
         self.is_async = any(n.is_async or (n.streaming and not n.is_generator) for n in self.nodes)
         self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt")
         self.graph_hash = _structure_hash(self.nodes)

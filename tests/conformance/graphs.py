@@ -290,3 +290,75 @@ def add_constants(x: int, k: int, ak: int) -> int:
 
 
 CONSTANTS = [constant, async_constant, add_constants]
+
+
+# --------------------------------------------------------------------------- routing without END
+
+
+@branch(when_true="enrich", when_false="plain")
+def rich(x: int) -> bool:
+    return x > 0
+
+
+@node(output_name="extra")
+def enrich(x: int) -> str:
+    return f"E{x}"
+
+
+@node(output_name="base")
+def plain(x: int) -> str:
+    return f"P{x}"
+
+
+@node(output_name="combined")
+def combine(x: int, extra: str = "none") -> str:
+    return f"{x}:{extra}"
+
+
+@node(output_name="strict")
+def needs_extra(extra: str) -> str:
+    return extra.lower()
+
+
+DEFAULTS = [rich, enrich, plain, combine, needs_extra]
+
+
+@gate
+def route(kind: str) -> Literal["to_upper", "to_lower", ("to_len", "Measure it")]:
+    return {"u": "to_upper", "l": "to_lower"}.get(kind[:1], "to_len")
+
+
+@node(output_name="styled")
+def to_upper(text: str) -> str:
+    return text.upper()
+
+
+@node(output_name="styled")
+def to_lower(text: str) -> str:
+    return text.lower()
+
+
+@node(output_name="styled")
+def to_len(text: str) -> str:
+    return str(len(text))
+
+
+@node(output_name="final_text")
+def finish(styled: str, text: str) -> str:
+    return f"{text}->{styled}"
+
+
+ROUTE = [route, to_upper, to_lower, to_len, finish]
+
+
+@node(output_name="noisy", cache=False)
+def noisy(x: int) -> int:
+    return x * 7
+
+
+@node(output_name="mixed")
+def mixed(noisy: int, a: int) -> int:
+    return noisy + a
+
+
+MIXED = [inc, noisy, mixed]

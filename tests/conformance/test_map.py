@@ -215,3 +215,21 @@ def test_nodes_without_parameters(engine):
     res = Graph(G.CONSTANTS, engine=engine).map({"x": [1, 2, 3]}, map_over="x")
     assert [r["total_k"] for r in res] == [16, 17, 18]
     assert Graph(G.CONSTANTS, engine=engine).run({"x": 0})["total_k"] == 15
+
+
+def test_branch_not_taken_uses_defaults_or_skips(engine):
+    res = Graph(G.DEFAULTS, engine=engine).map({"x": [2, -1, 0, 5]}, map_over="x")
+    assert [r["combined"] for r in res] == ["2:E2", "-1:none", "0:none", "5:E5"]
+    assert [r.get("strict") for r in res] == ["e2", None, None, "e5"]
+    assert [r.get("base") for r in res] == [None, "P-1", "P0", None]
+    assert sorted(h.node_id for h in res[1].history) == ["combine", "plain", "rich"]
+    single = Graph(G.DEFAULTS, engine=engine).run({"x": -1})
+    assert dict(single) == dict(res[1])
+
+
+def test_gate_without_end_routes_per_item(engine):
+    res = Graph(G.ROUTE, engine=engine).map(
+        {"kind": ["up", "low", "x", "u"], "text": "MiXed"}, map_over="kind")
+    assert [r["final_text"] for r in res] == ["MiXed->MIXED", "MiXed->mixed", "MiXed->5", "MiXed->MIXED"]
+    with pytest.raises(ValueError, match="missing required input"):
+        Graph(G.ROUTE, engine=engine).map({"kind": ["u"]}, map_over="kind")
