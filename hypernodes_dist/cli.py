@@ -1,4 +1,5 @@
-"""``hypernodes-dist`` command line: ``cache info PATH`` and ``cache clear PATH [--scope S]``.
+"""``hypernodes-dist`` command line: ``cache info PATH``, ``cache clear PATH [--scope S]`` and
+``bench`` (workloads over engines and item counts; see ``hypernodes_dist.bench``).
 
 Each top-level command is a subparser registered by a ``_add_<command>(subparsers)`` function
 listed in ``_COMMANDS``; it sets ``func`` (``args -> exit code``) as its default. To add a
@@ -85,8 +86,14 @@ def _add_cache(subparsers: argparse._SubParsersAction) -> None:
     clear.set_defaults(func=_cache_clear)
 
 
-# Registered top-level commands. `bench` (owned by the benchmarks) goes here.
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_cache]
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from hypernodes_dist.bench import add_bench_command
+
+    add_bench_command(subparsers)
+
+
+# Registered top-level commands.
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_cache, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
