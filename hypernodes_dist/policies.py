@@ -461,9 +461,18 @@ class Guard:
         return wait
 
     # -- sync ----------------------------------------------------------------------------
-    def call(self, thunk: Callable[[], Any], item: int | None = None) -> Any:
-        """Run ``thunk()`` (one call of the node) under the policy; blocking waits."""
+    def call(self, thunk: Callable[[], Any], item: int | None = None,
+             failed: Exception | None = None) -> Any:
+        """Run ``thunk()`` (one call of the node) under the policy; blocking waits.
+
+        ``failed``: the error of a first attempt the caller already made.
+        """
         attempt = 0
+        if failed is not None:
+            attempt = 1
+            wait = self._retry(failed, item, attempt)
+            if wait > 0:
+                time.sleep(wait)
         while True:
             attempt += 1
             try:
@@ -477,6 +486,16 @@ class Guard:
         """``fn`` (positional arguments, one call per item in ``items`` order) guarded."""
         nxt = iter(items).__next__
         call = self.call
+        p = self.policy
+        if p.timeout is None and self.slots is None and self.rate is None:
+            def retried(*args: Any) -> Any:  # retries only: the first attempt is a plain call
+                item = nxt()
+                try:
+                    return fn(*args)
+                except Exception as exc:
+                    return call(lambda: fn(*args), item, exc)
+
+            return retried
 
         def guarded(*args: Any) -> Any:
             return call(lambda: fn(*args), nxt())
