@@ -29,7 +29,8 @@ from .nodes import HyperNode, node
 
 __all__ = [
     "Workload", "WORKLOADS", "get_workload",
-    "inc", "double", "fmt", "TRIVIAL", "trivial_inputs", "trivial_loop",
+    "inc_fn", "double_fn", "fmt_fn", "crunch1_fn", "crunch2_fn", "crunch3_fn", "fetch_fn",
+    "enrich_fn", "inc", "double", "fmt", "TRIVIAL", "trivial_inputs", "trivial_loop",
     "burn", "calibrate", "cpu_work", "crunch1", "crunch2", "crunch3", "CPU", "cpu_inputs",
     "cpu_loop", "fetch", "enrich", "ASYNC_IO", "SLEEP", "async_inputs", "async_loop",
 ]
@@ -37,19 +38,25 @@ __all__ = [
 # ------------------------------------------------------------------ trivial
 
 
-@node(output_name="a")
-def inc(x: int) -> int:
+# Plain functions first (importable by reference: peers and raw dask/daft use them too),
+# then the nodes wrapping them under the same names as the parameters they feed.
+
+
+def inc_fn(x: int) -> int:
     return x + 1
 
 
-@node(output_name="b")
-def double(a: int) -> int:
+def double_fn(a: int) -> int:
     return a * 2
 
 
-@node(output_name="c")
-def fmt(b: int, y: str) -> str:
+def fmt_fn(b: int, y: str) -> str:
     return f"{b}-{y}"
+
+
+inc = node(inc_fn, output_name="a", name="inc")
+double = node(double_fn, output_name="b", name="double")
+fmt = node(fmt_fn, output_name="c", name="fmt")
 
 
 TRIVIAL: tuple[HyperNode, ...] = (inc, double, fmt)
@@ -61,7 +68,7 @@ def trivial_inputs(n: int) -> tuple[dict[str, Any], list[str]]:
 
 def trivial_loop(inputs: dict[str, Any]) -> list[str]:
     """The same three functions called in a plain ``for`` loop."""
-    f_inc, f_double, f_fmt, y = inc.func, double.func, fmt.func, inputs["y"]
+    f_inc, f_double, f_fmt, y = inc_fn, double_fn, fmt_fn, inputs["y"]
     out = []
     for x in inputs["x"]:
         out.append(f_fmt(f_double(f_inc(x)), y))
@@ -99,19 +106,21 @@ def cpu_work() -> int:
     return calibrate()
 
 
-@node(output_name="p")
-def crunch1(x: int, work: int) -> int:
+def crunch1_fn(x: int, work: int) -> int:
     return burn(x, work)
 
 
-@node(output_name="q")
-def crunch2(p: int, work: int) -> int:
+def crunch2_fn(p: int, work: int) -> int:
     return burn(p, work)
 
 
-@node(output_name="r")
-def crunch3(q: int, work: int) -> int:
+def crunch3_fn(q: int, work: int) -> int:
     return burn(q, work)
+
+
+crunch1 = node(crunch1_fn, output_name="p", name="crunch1")
+crunch2 = node(crunch2_fn, output_name="q", name="crunch2")
+crunch3 = node(crunch3_fn, output_name="r", name="crunch3")
 
 
 CPU: tuple[HyperNode, ...] = (crunch1, crunch2, crunch3)
@@ -123,7 +132,7 @@ def cpu_inputs(n: int, work: int | None = None) -> tuple[dict[str, Any], list[st
 
 def cpu_loop(inputs: dict[str, Any]) -> list[int]:
     w = inputs["work"]
-    return [crunch3.func(crunch2.func(crunch1.func(x, w), w), w) for x in inputs["x"]]
+    return [crunch3_fn(crunch2_fn(crunch1_fn(x, w), w), w) for x in inputs["x"]]
 
 
 # ------------------------------------------------------------------ async I/O
@@ -131,16 +140,18 @@ def cpu_loop(inputs: dict[str, Any]) -> list[int]:
 SLEEP = 0.001  # seconds each async call awaits
 
 
-@node(output_name="page")
-async def fetch(x: int) -> int:
+async def fetch_fn(x: int) -> int:
     await asyncio.sleep(SLEEP)
     return x * 3
 
 
-@node(output_name="label")
-async def enrich(page: int) -> str:
+async def enrich_fn(page: int) -> str:
     await asyncio.sleep(SLEEP)
     return f"p{page}"
+
+
+fetch = node(fetch_fn, output_name="page", name="fetch")
+enrich = node(enrich_fn, output_name="label", name="enrich")
 
 
 ASYNC_IO: tuple[HyperNode, ...] = (fetch, enrich)
@@ -152,7 +163,7 @@ def async_inputs(n: int) -> tuple[dict[str, Any], list[str]]:
 
 def async_loop(inputs: dict[str, Any]) -> list[str]:
     """Every call awaited one after another (what a plain script does)."""
-    f_fetch, f_enrich = fetch.func, enrich.func
+    f_fetch, f_enrich = fetch_fn, enrich_fn
 
     async def run() -> list[str]:
         return [await f_enrich(await f_fetch(x)) for x in inputs["x"]]
