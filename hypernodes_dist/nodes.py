@@ -11,7 +11,7 @@ import inspect
 import sys
 import typing
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .policies import make_policy
 
@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 NodeKind = Literal["function", "branch", "gate", "interrupt", "graph"]
+N = TypeVar("N", bound="HyperNode")
 
 
 class _End(str):
@@ -53,6 +54,7 @@ class HyperNode:
     """Base class of every graph node; the attributes are the node's whole IR."""
 
     kind: NodeKind = "function"
+    nests: bool = False  # runs a graph of its own (Graph.as_node)
 
     def __init__(
         self,
@@ -259,25 +261,12 @@ def node(
         if isinstance(f, HyperNode):
             f = f.func  # re-decorating a node re-wraps its function
         node_name = name or _func_name(f)
-        params, defaults = _signature(f, node_name)
-        built = FunctionNode(
-            name=node_name,
-            params=params,
-            defaults=defaults,
-            outputs=_outputs(output_name, node_name),
-            func=f,
-            tags=tags,
-            cache=cache,
-            streaming=streaming,
-            retries=retries,
-            backoff=backoff,
-            timeout=timeout,
-            version=version,
-            concurrency=concurrency,
-            rate_limit=rate_limit,
+        return _build(
+            FunctionNode, f, node_name,
+            outputs=_outputs(output_name, node_name), tags=tags, cache=cache,
+            streaming=streaming, retries=retries, backoff=backoff, timeout=timeout,
+            version=version, concurrency=concurrency, rate_limit=rate_limit,
         )
-        _copy_metadata(built, f)
-        return built
 
     return wrap(func) if func is not None else wrap
 
@@ -294,21 +283,8 @@ def branch(
     """Make a bool-returning function a routing node between two target node names."""
 
     def wrap(f: Callable[..., Any]) -> BranchNode:
-        node_name = name or _func_name(f)
-        params, defaults = _signature(f, node_name)
-        built = BranchNode(
-            name=node_name,
-            params=params,
-            defaults=defaults,
-            outputs=(),
-            func=f,
-            tags=tags,
-            cache=cache,
-            when_true=when_true,
-            when_false=when_false,
-        )
-        _copy_metadata(built, f)
-        return built
+        return _build(BranchNode, f, name or _func_name(f), outputs=(), tags=tags, cache=cache,
+                      when_true=when_true, when_false=when_false)
 
     return wrap(func) if func is not None else wrap
 
@@ -326,26 +302,22 @@ def gate(
 
     def wrap(f: Callable[..., Any]) -> GateNode:
         node_name = name or _func_name(f)
-        params, defaults = _signature(f, node_name)
         entries = (
             list(targets) if targets is not None else _literal_targets(f, node_name, caller_locals)
         )
         choices, descriptions = _parse_choices(entries, node_name)
-        built = GateNode(
-            name=node_name,
-            params=params,
-            defaults=defaults,
-            outputs=(),
-            func=f,
-            tags=tags,
-            cache=cache,
-            choices=choices,
-            descriptions=descriptions,
-        )
-        _copy_metadata(built, f)
-        return built
+        return _build(GateNode, f, node_name, outputs=(), tags=tags, cache=cache,
+                      choices=choices, descriptions=descriptions)
 
     return wrap(func) if func is not None else wrap
+
+
+def _build(cls: type[N], func: Callable[..., Any], name: str, **fields: Any) -> N:
+    """A node of class ``cls`` around ``func``: signature read, metadata copied."""
+    params, defaults = _signature(func, name)
+    built = cls(name=name, params=params, defaults=defaults, func=func, **fields)
+    _copy_metadata(built, func)
+    return built
 
 
 def _copy_metadata(built: HyperNode, func: Callable[..., Any]) -> None:

@@ -15,6 +15,7 @@ parallelism it never suspends, so ``run()`` drives it without an event loop.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from .context import PARENT, Parent
 from .errors import GateDecisionError, MaxIterationsError, annotate
 from .events import (
     Event,
@@ -38,7 +40,7 @@ from .events import (
     StreamingStartEvent,
 )
 from .invoke import call_node, split_outputs
-from .keys import Keys, scope_token
+from .keys import Keys, WriteBuffer, scope_token
 from .nodes import END, HyperNode
 from .plan import MISSING, Plan
 from .policies import guarded_call
@@ -124,6 +126,7 @@ class RunContext:
     run_id: str
     emit: Callable[[Event], Any] | None = None
     keys: Keys | None = None
+    writes: WriteBuffer | None = None  # batched cache writes (map); None: write at once
     handlers: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     parallel: bool = False
     max_workers: int = 4
@@ -260,7 +263,7 @@ class Scheduler:
             if not cached:
                 value = await self._call(node, kwargs, step)
                 if key is not None:
-                    self.ctx.keys.cache.set_many({key: value})  # type: ignore[union-attr]
+                    self._write(key, value)
             outputs = self._apply(node, value, key, step)
         except BaseException as exc:
             state.rollback(name)
@@ -279,6 +282,12 @@ class Scheduler:
                 **self._base(node, step), outputs=outputs, duration_ms=duration, cached=cached,
                 iteration=iteration, parallel_index=parallel_index, started_at=started,
             ))
+
+    def _write(self, key: str, value: Any) -> None:
+        if self.ctx.writes is not None:  # a map batch: written together, flushed in time
+            self.ctx.writes.add(key, value)
+        else:
+            self.ctx.keys.cache.set_many({key: value})  # type: ignore[union-attr]
 
     def _key(self, node: HyperNode) -> str | None:
         keys = self.ctx.keys
@@ -308,12 +317,18 @@ class Scheduler:
                     **self._base(node, step), output_name=output, chunk=chunk, chunk_index=index,
                 ))
 
-        if node.policy is not None:  # retries, timeout, limits: policies.py
-            value = await guarded_call(node, kwargs, on_chunk, self.ctx, self._base(node, step))
-        elif self.ctx.parallel and not node.is_async:
-            value = await self._in_thread(node, kwargs, on_chunk)
-        else:
-            value = await call_node(node, kwargs, on_chunk)
+        nested = PARENT.set(Parent(emit, self.ctx.session_id, self.ctx.run_id)) if (
+            emit is not None and node.nests) else None
+        try:
+            if node.policy is not None:  # retries, timeout, limits: policies.py
+                value = await guarded_call(node, kwargs, on_chunk, self.ctx, self._base(node, step))
+            elif self.ctx.parallel and not node.is_async:
+                value = await self._in_thread(node, kwargs, on_chunk)
+            else:
+                value = await call_node(node, kwargs, on_chunk)
+        finally:
+            if nested is not None:
+                PARENT.reset(nested)
         if node.streaming and emit is not None:
             emit(StreamingEndEvent(
                 **self._base(node, step), output_name=node.outputs[0] if node.outputs else "",
@@ -335,7 +350,7 @@ class Scheduler:
         def work() -> Any:
             return run_sync(call_node(node, kwargs, relay), needs_loop=False)
 
-        return await loop.run_in_executor(self._pool, work)
+        return await loop.run_in_executor(self._pool, contextvars.copy_context().run, work)
 
     def _apply(self, node: HyperNode, value: Any, key: str | None, step: int) -> dict[str, Any]:
         """Write a node's result into the state: outputs, or a branch/gate decision."""
@@ -357,23 +372,7 @@ class Scheduler:
             self.ctx.emit(StateDeltaEvent(**self._base(node, step), operations=ops))
 
     def _decide(self, node: HyperNode, value: Any, step: int) -> None:
-        if node.kind == "branch":
-            if not isinstance(value, bool) and type(value).__name__ != "bool_":
-                raise GateDecisionError(
-                    f"branch {node.name!r} must return a bool, got {type(value).__name__}: {value!r}"
-                )
-            chosen = node.when_true if value else node.when_false  # type: ignore[attr-defined]
-        else:
-            if value is END or value == END:
-                chosen = END
-            elif value not in node.choices:  # type: ignore[attr-defined]
-                allowed = ", ".join(repr(c) for c in node.choices)  # type: ignore[attr-defined]
-                raise GateDecisionError(
-                    f"gate {node.name!r} returned {value!r}, which is not one of its targets "
-                    f"({allowed})"
-                )
-            else:
-                chosen = value
+        chosen = decision_target(node, value)
         activated = () if chosen is END else (chosen,)
         for target in activated:
             self.state.activations[target] = self.state.activations.get(target, 0) + 1
@@ -452,6 +451,25 @@ class Scheduler:
                 **self._base(node, step), error=exc, iteration=iteration, started_at=started,
                 duration_ms=(time.perf_counter() - t0) * 1000,
             ))
+
+
+def decision_target(node: HyperNode, value: Any) -> str:
+    """The target a branch/gate decision activates (``END`` for a gate that ends the run);
+    ``GateDecisionError`` when the value is not a valid decision of that node."""
+    if node.kind == "branch":
+        if not isinstance(value, bool) and type(value).__name__ != "bool_":
+            raise GateDecisionError(
+                f"branch {node.name!r} must return a bool, got {type(value).__name__}: {value!r}"
+            )
+        return node.when_true if value else node.when_false  # type: ignore[attr-defined]
+    if value is END or value == END:
+        return END
+    if value not in node.choices:  # type: ignore[attr-defined]
+        allowed = ", ".join(repr(c) for c in node.choices)  # type: ignore[attr-defined]
+        raise GateDecisionError(
+            f"gate {node.name!r} returned {value!r}, which is not one of its targets ({allowed})"
+        )
+    return value
 
 
 def validate_response(node: HyperNode, response: Any) -> Any:
