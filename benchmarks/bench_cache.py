@@ -17,9 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_local import double, fmt, inc, plain_loop, print_table
+from bench_local import plain_loop, print_table
 
 from hypernodes_dist import DiskCache, Graph
+from hypernodes_dist.workloads import double, fmt, inc
 
 RESULTS = Path(__file__).parent / "results"
 

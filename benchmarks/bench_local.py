@@ -1,7 +1,8 @@
 """Local engine overhead: map of the 3-node trivial graph vs the plain Python loop.
 
-x -> x+1 -> *2 -> f"{b}-{y}" over N items. Prints a table and writes
-benchmarks/results/local.json. Run: ``.venv/bin/python benchmarks/bench_local.py [N ...]``.
+x -> x+1 -> *2 -> f"{b}-{y}" over N items (the ``trivial`` graph of
+``hypernodes_dist.workloads``; ``inc``/``double``/``fmt`` are re-exported for other
+scripts). Prints a table and writes benchmarks/results/local.json. Run: ``.venv/bin/python benchmarks/bench_local.py [N ...]``.
 """
 
 from __future__ import annotations
@@ -12,33 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-from hypernodes_dist import Graph, GraphEngine, node
+from hypernodes_dist import Graph, GraphEngine
+from hypernodes_dist.workloads import double, fmt, inc, trivial_loop
 
 RESULTS = Path(__file__).parent / "results"
 
 
-@node(output_name="a")
-def inc(x: int) -> int:
-    return x + 1
-
-
-@node(output_name="b")
-def double(a: int) -> int:
-    return a * 2
-
-
-@node(output_name="c")
-def fmt(b: int, y: str) -> str:
-    return f"{b}-{y}"
-
-
 def plain_loop(xs: list[int], y: str) -> list[str]:
-    out = []
-    for x in xs:
-        a = inc.func(x)
-        b = double.func(a)
-        out.append(fmt.func(b, y))
-    return out
+    return trivial_loop({"x": xs, "y": y})
 
 
 def best_of(fn, repeat: int = 3) -> float:
@@ -54,7 +36,7 @@ def main(sizes: list[int]) -> list[dict]:
     rows = []
     for n in sizes:
         xs = list(range(n))
-        loop_s = best_of(lambda: plain_loop(xs, "y"))
+        loop_s = best_of(lambda xs=xs: plain_loop(xs, "y"))
         for label, engine in [
             ("local batch=100", GraphEngine()),
             ("local batch=1000", GraphEngine(batch_size=1000)),
@@ -62,7 +44,7 @@ def main(sizes: list[int]) -> list[dict]:
             g = Graph([inc, double, fmt], engine=engine)
             res = g.map({"x": xs, "y": "y"}, map_over="x")
             assert res[n - 1]["c"] == plain_loop([xs[-1]], "y")[0]
-            t = best_of(lambda g=g: g.map({"x": xs, "y": "y"}, map_over="x"))
+            t = best_of(lambda g=g, xs=xs: g.map({"x": xs, "y": "y"}, map_over="x"))
             rows.append({
                 "engine": label, "items": n, "seconds": round(t, 4),
                 "items_per_s": round(n / t), "us_per_item": round(t / n * 1e6, 2),
