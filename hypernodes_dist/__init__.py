@@ -12,6 +12,7 @@ from .engine import Engine, GraphEngine
 from .graph import Graph
 from .nodes import END, BranchNode, FunctionNode, GateNode, HyperNode, InterruptNode, branch, gate, node
 from .results import GraphResult, MapResult, NodeExecution
+from .trace import TraceCollector
 
 if TYPE_CHECKING:
     from .cache import DiskCache
@@ -33,6 +34,7 @@ __all__ = [
     "FunctionNode",
     "BranchNode",
     "GateNode",
+    "TraceCollector",
 ]
 
 __version__ = "0.1.0"

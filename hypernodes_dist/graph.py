@@ -69,6 +69,13 @@ class Graph:
     def __repr__(self) -> str:
         return f"Graph({[n.name for n in self.plan.nodes]}, engine={self.engine!r})"
 
+    def visualize(self, path: Any = None, format: str | None = None, direction: str = "TD") -> Any:
+        """The static graph as Mermaid text (default), DOT, or SVG/PNG via Graphviz when
+        available; written to ``path`` when given (see ``hypernodes_dist.visualize``)."""
+        from .visualize import visualize
+
+        return visualize(self, path, format, direction)
+
     # ------------------------------------------------------------------ interrupts
     def on_interrupt(self, name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
         """Register a handler (sync or async) answering the interrupt called ``name``."""
