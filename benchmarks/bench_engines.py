@@ -158,6 +158,7 @@ def _row(workload: str, engine: str, n: int, t: float, loop: float, startup: flo
 
 
 def main(engines: list[str], sizes: list[int]) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
     work = calibrate()
     rows: list[dict[str, Any]] = []
     for label in engines:
@@ -171,7 +172,10 @@ def main(engines: list[str], sizes: list[int]) -> dict[str, Any]:
             engine.close()
     return {
         "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                    "cpus": os.cpu_count()},
+                    "cpus": os.cpu_count(),
+                    # other processes compete for the cores: read ratios with this in mind
+                    "loadavg_1min_before_after": [round(load_before, 2),
+                                                  round(os.getloadavg()[0], 2)]},
         "cpu_work_iterations": work,
         "rows": rows,
     }
