@@ -25,12 +25,25 @@ from __future__ import annotations
 
 import math
 import os
+import uuid
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
+from dask.task_spec import DataNode, Task, TaskRef
+
 from hypernodes_dist.engine import Engine, MapJob, Sink
+from hypernodes_dist.errors import NodeError
 
 from .cluster import ClientHandle, ProcessPool
-from .compile import Payload, Shipment, build_graph, pickle_payload, write_shipment
+from .compile import (
+    Payload,
+    Shipment,
+    build_graph,
+    pack_columns,
+    pickle_payload,
+    run_partition,
+    write_shipment,
+)
 
 __all__ = ["DaskEngine", "auto_partition_size"]
 
@@ -145,22 +158,49 @@ class DaskEngine(Engine):
             self._map_local(job, sink)
 
     def _map_distributed(self, job: MapJob, sink: Sink) -> None:
-        from distributed import as_completed
+        import asyncio
+        import concurrent.futures
+
+        from distributed import KilledWorker, as_completed
+
+        cancelled = (concurrent.futures.CancelledError, asyncio.CancelledError)
 
         data, digest = pickle_payload(job, "Dask workers")  # fails before any submission
         client = self.client
         size = self.partition_size_for(job.n)
         [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
         dsk, keys = build_graph(job, size, shared_key=shared.key, pack=True)
+        spans = dict(zip(keys, job.bounds(size)))
         futures = client.get(dsk, keys, sync=False)
         pending = {f.key: f for f in futures}
         done = as_completed(futures, loop=client.loop, with_results=True)
         del futures
+        lost: dict[tuple[int, int], int] = {}
         try:
             for future, batch in done:
                 # release each partition on the cluster as soon as the driver holds it
-                del pending[future.key], future
+                key = future.key
+                del pending[key], future
+                if isinstance(batch, cancelled):
+                    # not cancelled by us: the partition's result (or the scattered payload)
+                    # died with a worker and the scheduler forgot the key; run it again,
+                    # self-contained (its own copy of the payload)
+                    span = spans[key]
+                    lost[span] = lost.get(span, 0) + 1
+                    if lost[span] > _MAX_RESUBMITS:
+                        raise _worker_died(job, [span], f"the result was lost {lost[span]} times "
+                                           f"with its Dask worker ({batch})")
+                    again = _resubmit(client, job, span, Shipment(digest, data=data))
+                    spans[again.key] = span
+                    pending[again.key] = again
+                    done.add(again)
+                    del again
+                    continue
                 sink(batch)
+        except KilledWorker as exc:  # the partition killed every worker that ran it
+            span = spans.get(exc.task)
+            how = f"Dask worker processes died {exc.allowed_failures + 1} times"
+            raise _worker_died(job, [span] if span else [], how) from exc
         finally:
             if pending:  # an error (or an interrupt): stop the rest and free everything now
                 client.cancel([*pending.values(), shared])
@@ -184,11 +224,17 @@ class DaskEngine(Engine):
         dsk, keys = build_graph(job, size, shared=shared, pack=path is not None)
         outputs = frozenset(keys)
 
+        running: set[Any] = set()
+
+        def pretask(key: Any, _dsk: Any, _state: Any) -> None:
+            running.add(key)
+
         def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
+            running.discard(key)
             if key in outputs:
                 sink(result)
 
-        callbacks = [*Callback.active, (None, None, None, posttask, None)]
+        callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
         try:
             if self._processes is not None:
                 dask.multiprocessing.get(
@@ -199,9 +245,49 @@ class DaskEngine(Engine):
                 dask.threaded.get(dsk, keys, num_workers=self.num_workers, callbacks=callbacks)
             else:
                 dask.local.get_sync(dsk, keys, callbacks=callbacks)
+        except BrokenProcessPool as exc:  # a worker process died with partitions in flight
+            bounds = dict(zip(keys, job.bounds(size)))
+            spans = [bounds[k] for k in running if k in bounds]
+            raise _worker_died(job, spans, "a Dask worker process died") from exc
         finally:
             if path is not None:
                 try:
                     os.unlink(path)
                 except OSError:
                     pass
+
+
+_MAX_RESUBMITS = 5  # a partition whose result is lost more often than this fails the map
+
+
+def _resubmit(client: Any, job: MapJob, span: tuple[int, int], shipment: Shipment) -> Any:
+    """One partition as a self-contained graph (payload included): its future."""
+    start, stop = span
+    token = uuid.uuid4().hex
+    skey, key = (f"hn-shared-{token}",), (f"hn-batch-{token}", start)
+    cols = pack_columns({k: v[start:stop] for k, v in job.columns.items()})
+    dsk = {skey: DataNode(skey, shipment),
+           key: Task(key, run_partition, TaskRef(skey), start, stop - start, cols)}
+    [future] = client.get(dsk, [key], sync=False)
+    return future
+
+
+def _worker_died(job: MapJob, spans: list[tuple[int, int]], how: str) -> NodeError:
+    """A worker process that died (signal, ``os._exit``, segfault, OOM killer) raised nothing
+    the executor could annotate: name what the driver knows, the items of the partitions it
+    was running (``spans``) and the nodes of the plan."""
+    spans = sorted(spans) or [(0, job.n)]
+    nodes = [n.name for n in job.plan.nodes]
+    items = " or ".join(f"item {a}" if b - a == 1 else f"items {a}..{b - 1}" for a, b in spans)
+    where = f"node {nodes[0]!r}" if len(nodes) == 1 else (
+        "one of the nodes " + ", ".join(map(repr, nodes)))
+    error = NodeError(
+        f"{how} running {items} (in {where}): the process was killed (signal, os._exit, "
+        "segfault or out of memory) and raised no exception; rerun those items with "
+        "partition_size=1 to isolate the item", "KilledWorker")
+    error.__notes__ = [f"hypernodes: failed in {where} ({items})"]  # type: ignore[attr-defined]
+    single = len(spans) == 1 and spans[0][1] - spans[0][0] == 1
+    error.hn_node = nodes[0] if len(nodes) == 1 else None  # type: ignore[attr-defined]
+    error.hn_item = spans[0][0] if single else None  # type: ignore[attr-defined]
+    error.hn_items = [i for a, b in spans for i in range(a, b)]  # type: ignore[attr-defined]
+    return error
