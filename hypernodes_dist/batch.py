@@ -495,8 +495,10 @@ class _Columnar:
         out: list[Any] = []
         for start in range(0, len(todo), PERSIST_SLICE):  # persist as slices finish
             stop = min(start + PERSIST_SLICE, len(todo))
-            self._map(node, fn, [islice(it, stop - start) for it in its], todo, out)
-            persist(todo[start:stop], out[start:stop])
+            try:
+                self._map(node, fn, [islice(it, stop - start) for it in its], todo, out)
+            finally:  # even on Ctrl-C: what finished in this slice is kept
+                persist(todo[start:len(out)], out[start:])
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],

@@ -34,9 +34,25 @@ def run_sync(coro: Coroutine[Any, Any, T], needs_loop: bool = True) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _thread_loop().run_until_complete(coro)
+        return _run_on(_thread_loop(), coro)
     with ThreadPoolExecutor(1, thread_name_prefix="hypernodes-sync") as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def _run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on ``loop``; on Ctrl-C (or any escape) cancel it and let it unwind, so
+    its ``finally`` blocks run (executors flush finished work to the cache there)."""
+    task = loop.create_task(coro)
+    try:
+        return loop.run_until_complete(task)
+    except BaseException:
+        if not task.done():
+            task.cancel()
+            try:
+                loop.run_until_complete(task)
+            except BaseException:  # noqa: S110 - the original exception is what matters
+                pass
+        raise
 
 
 def _thread_loop() -> asyncio.AbstractEventLoop:
