@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import socket
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -23,7 +21,7 @@ from dataclasses import dataclass, field
 from itertools import islice, repeat
 from typing import Any
 
-from .context import PARENT, Parent
+from .context import PARENT, Parent, worker_id
 from .errors import annotate, portable
 from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
 from .invoke import call_node, join_chunks, split_outputs
@@ -108,7 +106,7 @@ class BatchResult:
 def execute_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     """Run every item of ``chunk`` through ``plan``; see the module docstring."""
     result = run_sync(run_batch(plan, chunk, settings), needs_loop=plan.is_async)
-    result.worker = _worker_id()
+    result.worker = worker_id()
     result.run_prefix = settings.run_prefix
     return result
 
@@ -118,10 +116,6 @@ async def run_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchR
     if plan.columnar:
         return await _Columnar(plan, chunk, settings).run()
     return await _per_item(plan, chunk, settings)
-
-
-def _worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 # ============================================================================ per item
@@ -624,7 +618,7 @@ class _Columnar:
                 self.events.append(NodeStartEvent(**base, node_type=node.kind, timestamp=started))
             self.events.append(NodeEndEvent(
                 **base, outputs=outputs, cached=code == HIT, duration_ms=duration if code == RAN else 0.0,
-                started_at=started, worker=_worker_id(),
+                started_at=started, worker=worker_id(),
             ))
 
     def _result(self) -> BatchResult:

@@ -7,11 +7,24 @@ parent's run id as their ``parent_run_id``.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-__all__ = ["Parent", "PARENT"]
+__all__ = ["Parent", "PARENT", "worker_id"]
+
+_WORKER: tuple[int, str] | None = None
+
+
+def worker_id() -> str:
+    """``host:pid`` of this process (computed once per process, also after a fork)."""
+    global _WORKER
+    pid = os.getpid()
+    if _WORKER is None or _WORKER[0] != pid:
+        _WORKER = (pid, f"{socket.gethostname()}:{pid}")
+    return _WORKER[1]
 
 
 class Parent(NamedTuple):

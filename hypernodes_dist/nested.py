@@ -9,6 +9,7 @@ keyed by the inner graph's code and structure.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ class _Omitted:
 
 
 OMITTED: Any = _Omitted()
+_CALLS = itertools.count()  # a nested graph in a loop gets new inner run ids each pass
 
 
 class GraphNode(FunctionNode):
@@ -109,7 +111,7 @@ class _NestedCall:
         if parent is not None:  # someone listens: inner runs report as children of this run
             settings.want_events = True
             settings.session_id = parent.session_id
-            settings.run_prefix = f"{parent.run_id}/{self.name}-"
+            settings.run_prefix = f"{parent.run_id}/{self.name}.{next(_CALLS)}-"  # unique per call
         batch = await run_batch(self.plan, chunk, settings)
         if parent is not None:
             for event in batch.events:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import PARENT, Parent
+from .context import PARENT, Parent, worker_id
 from .errors import GateDecisionError, MaxIterationsError, annotate
 from .events import (
     Event,
@@ -281,6 +281,7 @@ class Scheduler:
             self.ctx.emit(NodeEndEvent(
                 **self._base(node, step), outputs=outputs, duration_ms=duration, cached=cached,
                 iteration=iteration, parallel_index=parallel_index, started_at=started,
+                worker=worker_id(),
             ))
 
     def _write(self, key: str, value: Any) -> None:
@@ -449,7 +450,7 @@ class Scheduler:
         if self.ctx.emit is not None:
             self.ctx.emit(NodeErrorEvent(
                 **self._base(node, step), error=exc, iteration=iteration, started_at=started,
-                duration_ms=(time.perf_counter() - t0) * 1000,
+                duration_ms=(time.perf_counter() - t0) * 1000, worker=worker_id(),
             ))
 
 
