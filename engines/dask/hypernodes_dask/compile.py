@@ -160,13 +160,21 @@ def write_shipment(data: bytes, digest: str, directory: str) -> Shipment:
 # ------------------------------------------------------------------ the task
 
 
-def pack_columns(columns: dict[str, Sequence[Any]]) -> bytes:
+def pack_columns(columns: dict[str, Sequence[Any]], offset: int = 0) -> bytes:
     """A partition's items as one opaque blob: schedulers, tokenizers and the process pool
-    then move bytes instead of walking (and re-pickling) every item."""
+    then move bytes instead of walking (and re-pickling) every item. A value that does not
+    pickle raises ``UnpicklableError`` naming its input and item (``offset`` + position)."""
     try:
         return pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
-        return cloudpickle.dumps(columns)
+        try:
+            return cloudpickle.dumps(columns)
+        except Exception as exc:
+            for name, column in columns.items():
+                for i, value in enumerate(column):
+                    _check(value, f"input {name!r} (item {offset + i})", "worker processes")
+            raise UnpicklableError(f"the mapped inputs cannot be sent to worker processes: {exc}"
+                                   ) from exc
 
 
 def run_partition(shared: Payload | Shipment, offset: int, n: int,
@@ -209,7 +217,7 @@ def build_graph(job: MapJob, partition_size: int, shared: Any = None,
         key = (name, i)
         cols: Any = {k: v[start:stop] for k, v in job.columns.items()}
         if pack:
-            cols = pack_columns(cols)
+            cols = pack_columns(cols, start)
         dsk[key] = Task(key, run_partition, ref, start, stop - start, cols)
         keys.append(key)
     return dsk, keys

@@ -265,7 +265,7 @@ def _resubmit(client: Any, job: MapJob, span: tuple[int, int], shipment: Shipmen
     start, stop = span
     token = uuid.uuid4().hex
     skey, key = (f"hn-shared-{token}",), (f"hn-batch-{token}", start)
-    cols = pack_columns({k: v[start:stop] for k, v in job.columns.items()})
+    cols = pack_columns({k: v[start:stop] for k, v in job.columns.items()}, start)
     dsk = {skey: DataNode(skey, shipment),
            key: Task(key, run_partition, TaskRef(skey), start, stop - start, cols)}
     [future] = client.get(dsk, [key], sync=False)
