@@ -73,6 +73,8 @@ def expand(
     plan: Plan, inputs: Mapping[str, Any], map_over: str | Iterable[str], map_mode: str
 ) -> tuple[dict[str, list[Any]], dict[str, Any], int]:
     """Mapped columns, broadcast inputs and the item count of a ``map`` call."""
+    if not isinstance(inputs, Mapping):
+        raise TypeError(f"inputs must be a dict of parameter name -> value, got {type(inputs).__name__}")
     names = [map_over] if isinstance(map_over, str) else list(map_over)
     if not names:
         raise GraphInputError("map_over names no parameter", [])
