@@ -111,7 +111,8 @@ class _NestedCall:
         if parent is not None:  # someone listens: inner runs report as children of this run
             settings.want_events = True
             settings.session_id = parent.session_id
-            settings.run_prefix = f"{parent.run_id}/{self.name}.{next(_CALLS)}-"  # unique per call
+            # inner run ids read {parent run}/{node}-{call}.{element}: unique per call
+            settings.run_prefix = f"{parent.run_id}/{self.name}-{next(_CALLS)}."
         batch = await run_batch(self.plan, chunk, settings)
         if parent is not None:
             for event in batch.events:

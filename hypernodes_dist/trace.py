@@ -483,7 +483,7 @@ class _At(NamedTuple):
 
 def _nesting_execution(st: _Store, parent: str, run_id: str) -> str | None:
     """The parent execution an inner run belongs to (inner run ids read
-    ``{parent_run_id}/{node}-{index}``): the node's latest execution in the parent run, a
+    ``{parent_run_id}/{node}-{call}.{index}``): the node's latest execution in the parent run, a
     pending placeholder when its own events have not arrived yet (columnar executors emit
     them after the call), so the edge does not depend on arrival order."""
     if not run_id.startswith(parent + "/"):
