@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from .engine import Engine, GraphEngine
 from .graph import Graph
-from .nodes import END, BranchNode, FunctionNode, GateNode, HyperNode, InterruptNode, branch, gate, node
+from .nodes import (
+    END,
+    BranchNode,
+    FunctionNode,
+    GateNode,
+    HyperNode,
+    InterruptNode,
+    branch,
+    gate,
+    node,
+)
 from .results import GraphResult, MapResult, NodeExecution
 from .trace import TraceCollector
 

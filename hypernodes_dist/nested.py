@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .context import PARENT
 from .batch import BatchResult, BatchSettings, Chunk, run_batch
+from .context import PARENT
 from .errors import GraphBuildError
 from .hashing import combine
 from .inputs import expand
