@@ -1,0 +1,23 @@
+"""The tree stays ruff-clean (DESIGN.md §5)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ruff_clean():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed (it is in the test extra)")
+    out = subprocess.run(
+        [ruff, "check", "hypernodes_dist", "engines", "tests", "benchmarks", "examples"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
