@@ -242,7 +242,7 @@ class DiskCache:
         for start in range(0, len(keys), 500):
             chunk = list(keys[start : start + 500])
             rows = con.execute(
-                "SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN "
+                "SELECT key, mode, filename, CAST(value AS BLOB) FROM Cache WHERE raw = 1 AND key IN "
                 f"({','.join('?' * len(chunk))}) AND (expire_time IS NULL OR expire_time > ?)",
                 (*chunk, now),
             ).fetchall()
@@ -316,7 +316,10 @@ class DiskCache:
         try:
             with cache.transact():
                 for key in bad:
-                    current = cache.get(key, MISSING)  # a concurrent writer may have fixed it
+                    try:
+                        current = cache.get(key, MISSING)  # a concurrent writer may have fixed it
+                    except sqlite3.OperationalError:  # a TEXT value that is not UTF-8: garbage
+                        current = b""
                     if current is not MISSING and decode(current) is _BAD:
                         cache.delete(key)
         except _DB_ERRORS:
