@@ -256,11 +256,6 @@ def test_sigkill_driver_then_rerun_recomputes_only_unfinished_items(tmp_path, en
 def test_ctrl_c_keeps_every_finished_item_local(tmp_path, kind):
     stats = _interrupt_and_resume(tmp_path, "local", kind, signal.SIGINT)
     _report(f"local {kind} SIGINT", stats)
-    if kind == "sync" and 0 < stats["twice"] < SLICE:
-        # Known core gap: batch._Columnar._call hands a slice of sync calls to the write
-        # buffer only when the whole slice returns; a KeyboardInterrupt inside the slice
-        # drops its finished calls (< PERSIST_SLICE). Fix: persist out[start:] in a finally.
-        pytest.xfail(f"partial slice of {stats['twice']} finished calls lost on Ctrl-C")
     assert stats["twice"] == 0, stats
 
 
