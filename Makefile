@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench peers clean
 
 $(STAMP): pyproject.toml engines/dask/pyproject.toml engines/daft/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check hypernodes_dist engines tests benchmarks examples
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_local.py
+	$(VENV)/bin/hypernodes-dist bench --engines local,dask,daft --items 1000,100000
+
+peers: $(STAMP)
+	$(PY) benchmarks/peers.py --setup
+	$(PY) benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info

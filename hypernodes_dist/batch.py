@@ -25,7 +25,7 @@ from .context import PARENT, Parent, worker_id
 from .errors import annotate, portable
 from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
 from .invoke import call_node, join_chunks, split_outputs
-from .keys import Keys, WriteBuffer, scope_token
+from .keys import FLUSH_SECONDS, Keys, WriteBuffer, scope_token
 from .nodes import END, HyperNode
 from .plan import MISSING, Plan
 from .results import NodeExecution
@@ -35,7 +35,7 @@ from .syncio import run_sync
 __all__ = ["BatchSettings", "Chunk", "BatchResult", "execute_batch", "run_batch"]
 
 NOT_RUN, RAN, HIT = 0, 1, 2
-PERSIST_SLICE = 64  # cacheable sync calls between two hand-overs to the write buffer
+PERSIST_SLICE = 64  # at most this many cacheable sync calls between two hand-overs
 Persist = Callable[[Sequence[int], Sequence[Any]], None]
 
 
@@ -487,12 +487,17 @@ class _Columnar:
         if persist is None:
             return self._map(node, fn, its, todo, [])
         out: list[Any] = []
-        for start in range(0, len(todo), PERSIST_SLICE):  # persist as slices finish
-            stop = min(start + PERSIST_SLICE, len(todo))
+        start, size = 0, 1
+        while start < len(todo):  # persist as slices finish; slices adapt to the call time
+            stop = min(start + size, len(todo))
+            t0 = time.monotonic()
             try:
                 self._map(node, fn, [islice(it, stop - start) for it in its], todo, out)
             finally:  # even on Ctrl-C: what finished in this slice is kept
                 persist(todo[start:len(out)], out[start:])
+            quick = time.monotonic() - t0 < FLUSH_SECONDS / 4
+            size = min(size * 2, PERSIST_SLICE) if quick else max(1, size // 2)
+            start = stop
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
