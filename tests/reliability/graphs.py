@@ -152,3 +152,33 @@ def counted_inc(x: int) -> int:
         with open(path, "a") as f:
             f.write(f"{x}\n")
     return x + 1
+
+
+@node(output_name="y")
+def logged_inc(x: int, log_dir: str) -> int:
+    """``x + 1``; leaves one file per call in ``log_dir`` (proves whether work started)."""
+    import uuid
+
+    with open(os.path.join(log_dir, uuid.uuid4().hex), "w") as f:
+        f.write(str(x))
+    return x + 1
+
+
+class Handle:
+    """An object with no canonical hash that cannot be pickled (it holds a lock)."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+
+class HashableHandle(Handle):
+    """Same, with the documented fallback: ``__hypernodes_hash__``."""
+
+    __slots__ = ()
+
+    def __hypernodes_hash__(self) -> str:
+        return "handle-v1"
