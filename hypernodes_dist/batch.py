@@ -25,6 +25,7 @@ from .context import PARENT, Parent, worker_id
 from .errors import annotate, portable
 from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
 from .invoke import call_node, join_chunks, split_outputs
+from .hashing import UnhashableValueError
 from .keys import FLUSH_SECONDS, Keys, WriteBuffer, scope_token
 from .nodes import END, HyperNode
 from .plan import MISSING, Plan
@@ -279,9 +280,9 @@ class _Columnar:
             keys = self.keys
             assert keys is not None
             if p in self.consts:
-                found = keys.value_id(self.consts[p])
+                found = keys.input_id(node, p, self.consts[p])
             elif p in self.values:
-                found = [keys.value_id(v) for v in self.values[p]]
+                found = [self._item_id(node, p, i, v) for i, v in enumerate(self.values[p])]
             else:
                 return keys.default_id(node, p)
             self.input_ids[p] = found
@@ -302,10 +303,19 @@ class _Columnar:
             absent = keys.default_id(node, p) if p in node.defaults else ""
             arg_ids.append([
                 keys.output_id(k, p) if k is not None
-                else absent if v is MISSING else keys.value_id(v)
-                for k, v in zip(src, values)
+                else absent if v is MISSING else self._item_id(node, p, i, v)
+                for i, (k, v) in enumerate(zip(src, values))
             ])
         return self._keys_for(node, arg_ids)
+
+    def _item_id(self, node: HyperNode, p: str, i: int, value: Any) -> str:
+        """Id of item ``i``'s value of ``p``; an unhashable one fails that item ("" stands in)."""
+        try:
+            return Keys.input_id(node, p, value)
+        except UnhashableValueError as exc:
+            if i not in self.failed:
+                self._record_failure(node, i, exc)
+            return ""
 
     def _keys_for(self, node: HyperNode, arg_ids: list[Any]) -> list[str]:
         keys, s = self.keys, self.settings

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
-from .hashing import chain_id, hash_value, key_from, key_prefix
+from .hashing import UnhashableValueError, chain_id, hash_value, key_from, key_prefix
 from .nodes import HyperNode
 from .plan import Plan
 
@@ -49,6 +49,17 @@ class Keys:
     @staticmethod
     def value_id(value: Any) -> str:
         return hash_value(value)
+
+    @staticmethod
+    def input_id(node: HyperNode, param: str, value: Any) -> str:
+        """``value_id`` of an argument; an unhashable one names the parameter and the node."""
+        try:
+            return hash_value(value)
+        except UnhashableValueError as exc:
+            raise UnhashableValueError(
+                f"input {param!r} of node {node.name!r} has no canonical hash for the cache "
+                f"key: {exc} (define __hypernodes_hash__ on its type, or cache=False on the node)"
+            ) from exc
 
     def default_id(self, node: HyperNode, param: str) -> str:
         memo = (node.name, param)

@@ -300,7 +300,7 @@ class Scheduler:
             if p in state.values:
                 ident = state.ids.get(p)
                 if ident is None:
-                    ident = state.ids[p] = keys.value_id(state.values[p])
+                    ident = state.ids[p] = keys.input_id(node, p, state.values[p])
                 ids.append(ident)
             else:
                 ids.append(keys.default_id(node, p))

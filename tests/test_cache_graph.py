@@ -225,3 +225,21 @@ def test_slow_sync_calls_reach_the_disk_while_the_batch_runs(tmp_path):
     res = Graph([slow], cache=DiskCache(cache_dir)).map({"x": list(range(8))}, map_over="x")
     assert [r["y"] for r in res] == [x * 2 for x in range(8)]
     assert seen and seen[0] >= 3, seen
+
+
+def test_unhashable_mapped_value_fails_only_its_item(tmp_path):
+    import threading
+
+    from hypernodes_dist.hashing import UnhashableValueError
+
+    @node(output_name="r")
+    def show(v) -> str:
+        return type(v).__name__
+
+    values = [1, threading.Lock(), "x"]
+    res = Graph([show], cache=DiskCache(tmp_path / "c")).map(
+        {"v": values}, map_over="v", on_error="collect")
+    assert [r.status for r in res] == ["complete", "error", "complete"]
+    assert isinstance(res[1].error, UnhashableValueError)
+    assert "'v'" in str(res[1].error) and "item 1" in " ".join(res[1].error.__notes__)
+    assert [res[0]["r"], res[2]["r"]] == ["int", "str"]

@@ -116,11 +116,6 @@ def test_unhashable_input_of_a_cached_node_is_a_type_error(tmp_path, engine, map
         g.map(inputs, map_over=["x", "handle"] if mapped else "x")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (core, batch.py): UnhashableValueError raised while computing cache keys in "
-    "_Columnar._precompute_keys/_input_ids/_late_keys (and the per-item scheduler) does not "
-    "name the parameter, the node or the item; fix: wrap Keys.value_id calls there and "
-    "re-raise with the parameter name, annotate(exc, node.name, item index)"))
 @pytest.mark.parametrize("mapped", [False, True], ids=["broadcast", "mapped"])
 def test_unhashable_input_error_names_parameter_node_and_item(tmp_path, mapped):
     g = Graph([G.echo], cache=DiskCache(tmp_path))
