@@ -18,25 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from hypernodes_dist import Graph, node
+from hypernodes_dist import Graph
 from hypernodes_dist.trace import TraceCollector, empty, reduce_events
+from hypernodes_dist.workloads import TRIVIAL
 
 RESULTS = Path(__file__).parent / "results"
-
-
-@node(output_name="a")
-def inc(x: int) -> int:
-    return x + 1
-
-
-@node(output_name="b")
-def double(a: int) -> int:
-    return a * 2
-
-
-@node(output_name="c")
-def sub(b: int, x: int) -> int:
-    return b - x
 
 
 class Noop:
@@ -60,8 +46,8 @@ def measure(fn) -> tuple[float, float]:
 
 
 def run_map(callback: object | None, xs: list[int]) -> object:
-    g = Graph([inc, double, sub], callbacks=[callback] if callback is not None else [])
-    g.map({"x": xs}, map_over="x")
+    g = Graph(list(TRIVIAL), callbacks=[callback] if callback is not None else [])
+    g.map({"x": xs, "y": "y"}, map_over="x")
     return getattr(callback, "trace", None)
 
 

@@ -24,8 +24,8 @@ from typing import Any
 from .context import PARENT, Parent, worker_id
 from .errors import annotate, portable
 from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
-from .invoke import call_node, join_chunks, split_outputs
 from .hashing import UnhashableValueError
+from .invoke import call_node, join_chunks, split_outputs
 from .keys import FLUSH_SECONDS, Keys, WriteBuffer, scope_token
 from .nodes import END, HyperNode
 from .plan import MISSING, Plan
@@ -50,7 +50,7 @@ class BatchSettings:
     on_error: str = "raise"
     cache: Any = None
     want_events: bool = False
-    concurrency: int = 100  # async node calls in flight per batch
+    concurrency: int | None = None  # async node calls in flight per batch (None: the batch)
 
     def run_id(self, index: int) -> str:
         return f"{self.run_prefix}{index}"
@@ -158,7 +158,7 @@ async def _per_item(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchR
 
     try:
         if plan.is_async:
-            sem = asyncio.Semaphore(settings.concurrency)
+            sem = asyncio.Semaphore(settings.concurrency or chunk.n)
 
             async def bounded(i: int) -> None:
                 async with sem:
@@ -525,11 +525,12 @@ class _Columnar:
     async def _call_async(self, node: HyperNode, todo: list[int], guard: Any = None,
                           persist: Persist | None = None) -> list[Any]:
         its = self._args(node, todo)
+        limit = self.settings.concurrency or len(todo)
         plain = guard is None and persist is None and not self.settings.want_events
-        if plain and node.is_async and not node.streaming and len(todo) <= self.settings.concurrency:
+        if plain and node.is_async and not node.streaming and len(todo) <= limit:
             return self._gathered(node, todo, await asyncio.gather(
                 *map(_positional(node), *its), return_exceptions=True))
-        sem = asyncio.Semaphore(self.settings.concurrency)
+        sem = asyncio.Semaphore(limit)
         params = node.params
 
         async def one(args: tuple[Any, ...], i: int) -> Any:

@@ -231,7 +231,10 @@ class DiskCache:
             db = os.path.join(cache.directory, diskcache.core.DBNAME)
             timeout = float(self._options.get("timeout", _DEFAULTS["timeout"]))
             con = sqlite3.connect(db, timeout=timeout, isolation_level=None)
-            con.execute("PRAGMA synchronous=NORMAL")  # diskcache's own setting (WAL journal)
+            # diskcache's own connection settings: WAL journal, no fsync per commit, a 32 MiB
+            # page cache and 64 MiB of mmap (random-key index inserts stay in memory)
+            for pragma in ("synchronous=NORMAL", "cache_size=8192", "mmap_size=67108864"):
+                con.execute(f"PRAGMA {pragma}")
             local.con, local.pid = con, os.getpid()
         return con
 

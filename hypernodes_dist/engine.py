@@ -88,7 +88,6 @@ class GraphEngine(Engine):
         self.batch_size = batch_size
 
     def execute_map(self, job: MapJob, sink: Sink) -> None:
-        job.settings.concurrency = max(job.settings.concurrency, self.batch_size)
         bounds = list(job.bounds(self.batch_size))
         if not self.parallel_nodes or self.max_workers == 1 or len(bounds) == 1:
             for start, stop in bounds:

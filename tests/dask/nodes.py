@@ -6,6 +6,7 @@ import os
 import time
 
 from hypernodes_dist import node
+from tests.conformance.graphs import CHAIN, double, fmt, inc  # noqa: F401 - the shared chain
 
 
 class Unpicklable(Exception):
@@ -13,24 +14,6 @@ class Unpicklable(Exception):
 
     def __init__(self, a: int, b: int) -> None:
         super().__init__(f"bad pair {a}/{b}")
-
-
-@node(output_name="a")
-def inc(x: int) -> int:
-    return x + 1
-
-
-@node(output_name="b")
-def double(a: int) -> int:
-    return a * 2
-
-
-@node(output_name="c")
-def fmt(b: int, y: str = "y") -> str:
-    return f"{b}-{y}"
-
-
-CHAIN = [inc, double, fmt]
 
 
 @node(output_name="pid")

@@ -7,39 +7,20 @@ and the map still returns every result, correct and in item order.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from hypernodes_dask import DaskEngine
 
 from hypernodes_dist import Graph
+from tests.procs import spawn, stop, wait_for_address
 
 from . import nodes as N
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
-
-
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=out,
-                                env=dict(os.environ), start_new_session=True)
-
-
-def _address(scheduler_file: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the dask scheduler exited"
-        try:
-            return json.loads(scheduler_file.read_text())["address"]
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.1)
-    raise TimeoutError("the dask scheduler did not write its scheduler file")
 
 
 @pytest.fixture
@@ -48,12 +29,12 @@ def real_cluster(tmp_path):
     log = tmp_path / "cluster.log"
     procs: list[subprocess.Popen] = []
     try:
-        sched = _spawn(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+        sched = spawn("distributed.cli.dask_scheduler", ["--host", "127.0.0.1", "--port", "0",
                         "--no-dashboard", "--scheduler-file", str(sched_file)], log)
         procs.append(sched)
-        address = _address(sched_file, sched)
+        address = wait_for_address(sched_file, sched)
         workers = [
-            _spawn(["distributed.cli.dask_worker", "--scheduler-file", str(sched_file),
+            spawn("distributed.cli.dask_worker", ["--scheduler-file", str(sched_file),
                     "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard",
                     "--memory-limit", "0", "--name", f"w{i}"], log)
             for i in range(2)
@@ -61,15 +42,7 @@ def real_cluster(tmp_path):
         procs.extend(workers)
         yield address, workers
     finally:
-        for p in procs:  # only the processes this fixture started
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(procs)  # only the processes this fixture started
 
 
 @pytest.mark.slow

@@ -99,7 +99,6 @@ class DaftEngine(Engine):
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         self._ensure_runner()
         size = self._size(job.n)
-        job.settings.concurrency = max(job.settings.concurrency, size)
         names = tuple(job.columns)
         token = uuid.uuid4().hex
         local = self.runner == "native"

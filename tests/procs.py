@@ -1,0 +1,50 @@
+"""Real ``dask scheduler`` / ``dask worker`` processes for tests: started on 127.0.0.1 by the
+test itself, each in its own session, and always cleaned up (terminate, then kill)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def spawn(module: str, args: list[str], log: Path, env: dict[str, str] | None = None
+          ) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args], stdout=out, stderr=out,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+
+
+def wait_for_address(scheduler_file: Path, proc: subprocess.Popen, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the dask scheduler exited"
+        try:
+            return json.loads(scheduler_file.read_text())["address"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
+    raise TimeoutError("the dask scheduler did not write its scheduler file")
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate the given processes (whole process groups: nannies and their workers)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, 15)
+            except OSError:
+                p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, 9)
+            except OSError:
+                p.kill()
+            p.wait()
