@@ -91,11 +91,3 @@ async def _deliver(on_chunk: ChunkSink | None, chunk: Any, index: int) -> None:
     maybe = on_chunk(chunk, index)
     if inspect.isawaitable(maybe):
         await maybe
-
-
-def call_node_sync(node: HyperNode, kwargs: dict[str, Any]) -> Any:
-    """Call a sync node outside any event loop (streams joined, no chunk delivery)."""
-    result = node.func(**kwargs)  # type: ignore[misc]
-    if node.streaming and hasattr(result, "__iter__") and not isinstance(result, (str, bytes, dict)):
-        return join_chunks(list(result))
-    return result
