@@ -211,6 +211,7 @@ class _Columnar:
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
         self.writes = WriteBuffer(settings.cache) if self.keys is not None else None
+        self.started = time.time()
 
     async def run(self) -> BatchResult:
         hits: dict[str, dict[int, Any]] = {}
@@ -623,18 +624,23 @@ class _Columnar:
 
     # -- events & result -------------------------------------------------------------------
     def _node_events(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
-        s, step = self.settings, self.plan.position[node.name]
+        s, step, name, tags = self.settings, self.plan.position[node.name], node.name, node.tags
+        session, prefix, offset, worker = s.session_id, s.run_prefix, self.chunk.offset, worker_id()
+        columns = [(o, self.values[o]) for o in node.outputs]
+        timing, append, now, ran = self.timing, self.events.append, time.time(), code == RAN
         for i in results:
-            index = self.chunk.offset + i
-            started, duration = self.timing.get((node.name, i), (time.time(), 0.0))
-            base = dict(session_id=s.session_id, run_id=s.run_id(index), node_id=node.name,
-                        step_index=step, tags=node.tags, item_index=index)
-            outputs = {o: self.values[o][i] for o in node.outputs}
-            if code == RAN:
-                self.events.append(NodeStartEvent(**base, node_type=node.kind, timestamp=started))
-            self.events.append(NodeEndEvent(
-                **base, outputs=outputs, cached=code == HIT, duration_ms=duration if code == RAN else 0.0,
-                started_at=started, worker=worker_id(),
+            index = offset + i
+            run_id = f"{prefix}{index}"
+            started, duration = timing.get((name, i), (now, 0.0))
+            if ran:
+                append(NodeStartEvent(session_id=session, run_id=run_id, node_id=name,
+                                      step_index=step, tags=tags, item_index=index,
+                                      node_type=node.kind, timestamp=started))
+            append(NodeEndEvent(
+                session_id=session, run_id=run_id, node_id=name, step_index=step, tags=tags,
+                item_index=index, timestamp=started + duration / 1e3,
+                outputs={o: col[i] for o, col in columns}, cached=not ran,
+                duration_ms=duration if ran else 0.0, started_at=started, worker=worker,
             ))
 
     def _result(self) -> BatchResult:
@@ -655,16 +661,18 @@ class _Columnar:
         return result
 
     def _run_events(self) -> list[Event]:
-        s = self.settings
+        """Run start/end per item: items of a batch run together, from its start to now."""
+        s, graph_id, start, end = self.settings, self.plan.graph_hash, self.started, time.time()
+        session, prefix, offset, failed = s.session_id, s.run_prefix, self.chunk.offset, self.failed
         events: list[Event] = []
         for i in range(self.n):
-            index = self.chunk.offset + i
-            error = self.failed.get(i)
-            events.append(RunStartEvent(session_id=s.session_id, run_id=s.run_id(index),
-                                        item_index=index, graph_id=self.plan.graph_hash))
-            events.append(RunEndEvent(session_id=s.session_id, run_id=s.run_id(index),
-                                      item_index=index, status="error" if error else "complete",
-                                      error=error))
+            index, error = offset + i, failed.get(i)
+            run_id = f"{prefix}{index}"
+            events.append(RunStartEvent(session_id=session, run_id=run_id, item_index=index,
+                                        graph_id=graph_id, timestamp=start))
+            events.append(RunEndEvent(session_id=session, run_id=run_id, item_index=index,
+                                      status="error" if error else "complete", error=error,
+                                      timestamp=end, duration_ms=(end - start) * 1e3))
         return events
 
 

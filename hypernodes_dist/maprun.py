@@ -7,7 +7,7 @@ from typing import Any
 
 from .batch import BatchResult, BatchSettings
 from .engine import Engine, MapJob
-from .events import dispatch_all
+from .events import Dispatcher
 from .inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from .plan import MISSING, Plan
 from .results import GraphResult, MapResult
@@ -64,6 +64,7 @@ class MapCollector:
     def __init__(self, job: MapJob, callbacks: Sequence[Any], progress: bool, engine: str):
         self.job = job
         self.callbacks = callbacks
+        self.dispatch = Dispatcher(callbacks)
         self.batches: list[BatchResult] = []
         self.done = 0
         self.hits = 0
@@ -76,7 +77,7 @@ class MapCollector:
         self.hits += batch.hits
         self.failed += len(batch.errors)
         if self.callbacks:
-            dispatch_all(self.callbacks, batch.events)
+            self.dispatch.all(batch.events)
         batch.events = []
         if self.bar is not None:
             self.bar.set_postfix(cache_hits=self.hits, errors=self.failed, refresh=False)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import Checkpoint, capture, new_checkpoint_id, refetch
-from .events import Event, RunEndEvent, RunStartEvent, StateSnapshotEvent, dispatch
+from .events import Dispatcher, Event, RunEndEvent, RunStartEvent, StateSnapshotEvent
 from .keys import Keys
 from .results import GraphResult
 from .scheduler import RunContext, RunState, Scheduler
@@ -71,6 +71,7 @@ class LocalRun:
         self.select = select
         self.on_error = on_error
         self.sink = sink
+        self._dispatch = Dispatcher(graph.callbacks)
         self.error: BaseException | None = None
         self.status: str | None = None  # None until the run first stops
         self.ctx: RunContext | None = None
@@ -78,7 +79,7 @@ class LocalRun:
 
     def emit(self, event: Event) -> Any:
         if self.graph.callbacks:
-            dispatch(self.graph.callbacks, event)
+            self._dispatch(event)
         if self.sink is not None:
             return self.sink(event)
         return None
