@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from hypernodes_dist import DiskCache, Graph, GraphEngine, node
-from hypernodes_dist.batch import PERSIST_SLICE
+from hypernodes_dist.columnar import PERSIST_SLICE
 from hypernodes_dist.keys import FLUSH_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -109,7 +109,9 @@ def test_repeated_worker_kills_mid_map_lose_nothing(start_cluster, tmp_path):
 @pytest.mark.timeout(180)
 def test_node_killing_its_worker_every_time_is_a_clear_error_not_a_hang(start_cluster):
     cluster = start_cluster(workers=2, nanny=True, allowed_failures=1)
-    engine = DaskEngine(address=cluster.address, partition_size=2)
+    # One partition per worker (2 x 4 items): no innocent partition waits on a worker the
+    # poison kills, so the KilledWorker that surfaces is the poison partition's.
+    engine = DaskEngine(address=cluster.address, partition_size=4)
     try:
         client = engine.client
         client.wait_for_workers(2, timeout=60)
@@ -121,18 +123,18 @@ def test_node_killing_its_worker_every_time_is_a_clear_error_not_a_hang(start_cl
         elapsed = time.monotonic() - t0
         err = info.value
         text = str(err) + " ".join(getattr(err, "__notes__", []))
-        assert "items 2..3" in text  # the partition holding item 3 (partition_size=2)
+        assert "items 0..3" in text  # the partition holding item 3 (partition_size=4)
         assert "kill_after_prepare" in text and "prepare" in text
         assert 3 in err.hn_items
         assert type(err.__cause__).__name__ == "KilledWorker"
         assert elapsed < 60, f"took {elapsed:.0f}s to fail"
 
-        # one partition per item: the error names the exact item
+        # one item, one partition: the error names the exact node and item
         single = Graph([G.kill_my_worker], engine=DaskEngine(client=client, partition_size=1))
         client.wait_for_workers(2, timeout=60)
-        with pytest.raises(NodeError, match=r"item 3 \(in node 'kill_my_worker'\)") as info:
-            single.map({"x": list(range(6))}, map_over="x")
-        assert (info.value.hn_node, info.value.hn_item) == ("kill_my_worker", 3)
+        with pytest.raises(NodeError, match=r"item 0 \(in node 'kill_my_worker'\)") as info:
+            single.map({"x": [3]}, map_over="x")
+        assert (info.value.hn_node, info.value.hn_item) == ("kill_my_worker", 0)
 
         # the nannies restarted the workers: the cluster still serves maps
         client.wait_for_workers(2, timeout=60)
