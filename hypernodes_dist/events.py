@@ -35,7 +35,6 @@ __all__ = [
     "PolicyEvent",
     "GraphCallback",
     "hook_name",
-    "dispatch",
     "Dispatcher",
 ]
 
@@ -223,8 +222,3 @@ class Dispatcher:
         if self.callbacks:
             for event in events:
                 self(event)
-
-
-def dispatch(callbacks: Sequence[Any], event: Event) -> None:
-    """Deliver one event to every callback (see ``Dispatcher`` for many events)."""
-    Dispatcher(callbacks)(event)
