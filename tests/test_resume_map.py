@@ -39,11 +39,12 @@ from hypernodes_dist.columnar import PERSIST_SLICE
 from hypernodes_dist.keys import FLUSH_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
-N = 2000
+N = 4000
 DELAYS = {"local": 0.001}  # seconds per call; parallel engines sleep longer, so run 1 lasts
 DELAY = 0.002  # past KILL_AT_S on 2 cores whatever the engine
 ASYNC_DELAY = 0.1  # 100 calls in flight per batch: 20 waves of 0.1 s
-KILL_AT_S = 1.5  # run 1 is killed this long after its first item finished
+KILL_AT_S = 1.5  # run 1 is killed at least this long after its first item finished,
+MARGIN_S = 0.5  # and at least this long past the persistence bound measured so far
 SLICE = PERSIST_SLICE  # sync calls handed to the write buffer together
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and killpg")
@@ -151,10 +152,14 @@ def _start(engine: str, kind: str, tmp: Path, out: Path) -> subprocess.Popen:
 
 
 def _wait_until_under_way(proc: subprocess.Popen, logs: Path, timeout: float = 90) -> None:
-    """Returns ``KILL_AT_S`` after run 1's first finished item."""
+    """Returns once run 1 has been finishing items for ``KILL_AT_S`` and for at least the
+    persistence bound (measured live on this machine) plus ``MARGIN_S``: the kill then
+    always leaves items older than the bound, whatever the machine's load."""
     deadline = time.monotonic() + timeout
     started = None
-    while started is None or time.time() < started + KILL_AT_S:
+    wait_s = KILL_AT_S
+    next_check = 0.0
+    while started is None or time.time() < started + wait_s:
         if proc.poll() is not None:
             out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
             pytest.fail(f"run 1 ended (rc={proc.returncode}) before the signal:\n{out[-3000:]}")
@@ -163,7 +168,15 @@ def _wait_until_under_way(proc: subprocess.Popen, logs: Path, timeout: float = 9
             pytest.fail(f"run 1 did not get under way in {timeout} s")
         if started is None and _count(logs):
             started = _first_logged(logs)
+        if started is not None and time.monotonic() >= next_check:
+            next_check = time.monotonic() + 0.1
+            wait_s = max(KILL_AT_S, _bound(_logged(logs)) + MARGIN_S)
         time.sleep(0.005)
+
+
+def _bound(run1: dict[str, list[tuple[int, float]]]) -> float:
+    """How long before the kill a finished call may still be unpersisted (module doc)."""
+    return FLUSH_SECONDS + 2 * _slice_seconds(run1) + 0.25
 
 
 def _slice_seconds(run1: dict[str, list[tuple[int, float]]]) -> float:
@@ -220,8 +233,7 @@ def _interrupt_and_resume(tmp: Path, engine: str, kind: str, sig: int) -> dict:
     assert max(counts.values()) <= 2, counts.most_common(3)
     twice = sorted(x for x, c in counts.items() if c == 2)
     assert set(twice) <= set(first)  # only a run-1 execution can be repeated
-    slice_s = _slice_seconds(run1)
-    bound = FLUSH_SECONDS + 2 * slice_s + 0.25
+    bound = _bound(run1)
     late = [x for x in twice if first[x] < killed_at - bound]
     assert not late, (f"{len(late)} items finished more than {bound:.2f} s before the kill "
                       f"were recomputed, e.g. {late[:5]}")
