@@ -21,7 +21,7 @@ from typing import Any
 from .context import worker_id
 from .errors import portable
 from .events import Event, RunEndEvent, RunStartEvent
-from .keys import Keys, WriteBuffer
+from .keys import Keys, WriteBuffer, batch_writes
 from .plan import MISSING, Plan
 from .results import NodeExecution
 from .scheduler import RunContext, RunState, Scheduler
@@ -96,29 +96,39 @@ class BatchResult:
         return {k: col[i] for k, col in self.outputs.items() if col[i] is not MISSING}
 
 
-def execute_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
-    """Run every item of ``chunk`` through ``plan``; see the module docstring."""
-    result = run_sync(run_batch(plan, chunk, settings), needs_loop=plan.is_async)
+def execute_batch(
+    plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None = None
+) -> BatchResult:
+    """Run every item of ``chunk`` through ``plan``; see the module docstring.
+
+    ``writes``: a cache write buffer shared by consecutive batches of one caller, who
+    flushes it at the end (fewer, larger transactions); by default each batch has its own.
+    """
+    result = run_sync(run_batch(plan, chunk, settings, writes), needs_loop=plan.is_async)
     result.worker = worker_id()
     result.run_prefix = settings.run_prefix
     return result
 
 
-async def run_batch(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
+async def run_batch(
+    plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None = None
+) -> BatchResult:
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
-    if plan.columnar:
-        from .columnar import Columnar  # the columnar strategy builds on this module's types
+    with batch_writes(settings.cache, writes) as buffer:
+        if plan.columnar:
+            from .columnar import Columnar  # the columnar strategy builds on this module's types
 
-        return await Columnar(plan, chunk, settings).run()
-    return await _per_item(plan, chunk, settings)
+            return await Columnar(plan, chunk, settings, buffer).run()
+        return await _per_item(plan, chunk, settings, buffer)
 
 
 # ============================================================================ per item
 
 
-async def _per_item(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
+async def _per_item(
+    plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None
+) -> BatchResult:
     keys = Keys(plan, settings.cache) if settings.cache is not None else None
-    writes = WriteBuffer(settings.cache) if keys is not None else None
     wanted = settings.select or plan.outputs
     result = BatchResult(chunk.offset, chunk.n, {k: [MISSING] * chunk.n for k in wanted})
     result.histories = [[] for _ in range(chunk.n)]
@@ -150,21 +160,17 @@ async def _per_item(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchR
                              status="error" if error else "complete", error=error,
                              outputs=state.outputs(), duration_ms=(time.perf_counter() - t0) * 1e3))
 
-    try:
-        if plan.is_async:
-            sem = asyncio.Semaphore(settings.concurrency or chunk.n)
+    if plan.is_async:
+        sem = asyncio.Semaphore(settings.concurrency or chunk.n)
 
-            async def bounded(i: int) -> None:
-                async with sem:
-                    await one(i)
-
-            await asyncio.gather(*(bounded(i) for i in range(chunk.n)))
-        else:
-            for i in range(chunk.n):
+        async def bounded(i: int) -> None:
+            async with sem:
                 await one(i)
-    finally:  # finished work is kept even when an item raises
-        if writes is not None:
-            writes.flush()
+
+        await asyncio.gather(*(bounded(i) for i in range(chunk.n)))
+    else:
+        for i in range(chunk.n):
+            await one(i)
     return result
 
 

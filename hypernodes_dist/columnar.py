@@ -43,7 +43,9 @@ class Columnar:
     whose gates cannot ``END`` (the plans ``Plan.columnar`` admits).
     """
 
-    def __init__(self, plan: Plan, chunk: Chunk, settings: BatchSettings) -> None:
+    def __init__(
+        self, plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None
+    ) -> None:
         self.plan, self.chunk, self.settings = plan, chunk, settings
         self.n = chunk.n
         self.values: dict[str, list[Any]] = {k: list(v) for k, v in chunk.columns.items()}
@@ -61,7 +63,7 @@ class Columnar:
         self.wanted = set(settings.select or plan.outputs)
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
-        self.writes = WriteBuffer(settings.cache) if self.keys is not None else None
+        self.writes = writes  # the caller flushes it (``keys.batch_writes``)
         self.started = time.time()
 
     async def run(self) -> BatchResult:
@@ -71,14 +73,10 @@ class Columnar:
                 self._precompute_keys(node)
             if not self.settings.want_events:  # events report every node: fetch everything
                 hits = self._plan_demand()
-        try:
-            for node in self.plan.nodes:
-                todo = self._todo(node, hits.get(node.name))
-                if todo:
-                    await self._execute(node, todo)
-        finally:  # finished work is kept even when an item raises
-            if self.writes is not None:
-                self.writes.flush()
+        for node in self.plan.nodes:
+            todo = self._todo(node, hits.get(node.name))
+            if todo:
+                await self._execute(node, todo)
         return self._result()
 
     # -- demand: which items must resolve each node (chained keys make warm runs cheap) -----

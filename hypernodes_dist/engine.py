@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .batch import BatchResult, BatchSettings, Chunk, execute_batch
+from .keys import batch_writes
 from .plan import Plan
 
 __all__ = ["Engine", "GraphEngine", "MapJob", "Sink"]
@@ -90,8 +91,9 @@ class GraphEngine(Engine):
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         bounds = list(job.bounds(self.batch_size))
         if not self.parallel_nodes or self.max_workers == 1 or len(bounds) == 1:
-            for start, stop in bounds:
-                sink(execute_batch(job.plan, job.chunk(start, stop), job.settings))
+            with batch_writes(job.settings.cache, None) as writes:  # one buffer for all batches
+                for start, stop in bounds:
+                    sink(execute_batch(job.plan, job.chunk(start, stop), job.settings, writes))
             return
         with ThreadPoolExecutor(self.max_workers, thread_name_prefix="hn-map") as pool:
             futures = [

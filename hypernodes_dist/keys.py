@@ -10,7 +10,8 @@ hash. A key = hash(code identity, (parameter, value identity) pairs, session/run
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
 
@@ -18,7 +19,7 @@ from .hashing import UnhashableValueError, chain_id, hash_value, key_from, key_p
 from .nodes import HyperNode
 from .plan import Plan
 
-__all__ = ["Keys", "WriteBuffer", "scope_token", "FLUSH_SECONDS"]
+__all__ = ["Keys", "WriteBuffer", "batch_writes", "scope_token", "FLUSH_SECONDS"]
 
 FLUSH_SECONDS = 0.5  # finished work reaches the disk at least this often during a batch
 
@@ -112,8 +113,9 @@ class Keys:
 
 
 class WriteBuffer:
-    """Cache writes of one batch: one transaction for many entries, yet never more than
-    ``FLUSH_SECONDS`` of finished work waiting in memory (a crash loses at most that)."""
+    """Cache writes of one batch (or of consecutive batches run by one caller): one
+    transaction for many entries, yet never more than ``FLUSH_SECONDS`` of finished work
+    waiting in memory (a crash loses at most that)."""
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
@@ -137,3 +139,21 @@ class WriteBuffer:
             items, self.items = self.items, {}
             self.cache.set_many(items)
         self.last = time.monotonic()
+
+
+@contextmanager
+def batch_writes(cache: Any, shared: WriteBuffer | None) -> Iterator[WriteBuffer | None]:
+    """The write buffer a batch uses: ``shared`` (its owner flushes it at the end; the batch
+    only keeps the ``FLUSH_SECONDS`` promise) or a fresh one flushed when the batch ends,
+    also when it raises. ``None`` without a cache."""
+    if cache is None:
+        yield None
+        return
+    writes = shared if shared is not None else WriteBuffer(cache)
+    try:
+        yield writes
+    finally:  # finished work is kept even when an item raises
+        if shared is None:
+            writes.flush()
+        else:
+            writes.flush_if_due()
