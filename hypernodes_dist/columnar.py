@@ -4,7 +4,8 @@ Acyclic plans (``Plan.columnar``) run here: one C-level ``map`` per sync node, o
 ``gather`` per async node, branch and gate decisions kept per item. Cache keys chain (a
 produced value's id is the key of the run that produced it), so a warm batch of a plan
 without decisions computes every key up front and fetches only the outputs it returns;
-finished calls reach the cache as they complete (see ``keys.WriteBuffer``).
+finished calls reach the cache as they complete (see ``keys.WriteBuffer``). Events are
+reported in columns: one ``BatchEvent`` per batch, each call timed at C level (``_Clock``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from .batch import HIT, RAN, BatchResult, BatchSettings, Chunk
 from .context import PARENT, Parent, worker_id
 from .errors import annotate, portable
-from .events import Event, NodeEndEvent, NodeErrorEvent, NodeStartEvent, RunEndEvent, RunStartEvent
+from .events import BatchEvent, Event, NodeColumns, NodeErrorEvent
 from .hashing import UnhashableValueError
 from .invoke import call_node, join_chunks, split_outputs
 from .keys import FLUSH_SECONDS, Keys, WriteBuffer, scope_token
@@ -58,13 +59,14 @@ class Columnar:
         self.node_keys: dict[str, list[str]] = {}
         self.src_keys: dict[str, list[str | None]] = {}  # output -> key of the run producing it
         self.input_ids: dict[str, list[str] | str] = {}
-        self.events: list[Event] = []
-        self.timing: dict[tuple[str, int], tuple[float, float]] = {}
+        self.events: list[NodeColumns | Event] = []  # the parts of this batch's BatchEvent
+        self.timing: dict[str, tuple[Sequence[int], _Clock]] = {}  # node -> (positions, times)
         self.wanted = set(settings.select or plan.outputs)
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
         self.writes = writes  # the caller flushes it (``keys.batch_writes``)
         self.started = time.time()
+        self.clock = time.time() - time.perf_counter()
 
     async def run(self) -> BatchResult:
         hits: dict[str, dict[int, Any]] = {}
@@ -244,7 +246,7 @@ class Columnar:
 
     def _store_all(self, node: HyperNode, results: list[Any]) -> bool:
         """Fast path: every item of the batch ran and none failed; whole columns at once."""
-        if self.settings.want_events or node.targets:
+        if node.targets:
             return False
         outputs = node.outputs
         if len(outputs) > 1:
@@ -262,6 +264,8 @@ class Columnar:
             else:
                 self.src_keys.pop(name, None)
         self.codes[node.name] = bytearray(b"\x01") * self.n
+        if self.settings.want_events:
+            self._node_columns(node, range(self.n), RAN)
         return True
 
     def _store(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
@@ -288,7 +292,8 @@ class Columnar:
                 src[i] = node_keys[i] if node_keys is not None else None
             codes[i] = code
         if self.settings.want_events:
-            self._node_events(node, results, code)
+            failed = self.failed
+            self._node_columns(node, [i for i in results if i not in failed], code)
 
     def _src_column(self, output: str) -> list[str | None]:
         src = self.src_keys.get(output)
@@ -341,18 +346,22 @@ class Columnar:
             return await self._call_async(node, todo, guard, persist)
         if guard is not None:
             fn = guard.positional(fn, [self.chunk.offset + i for i in todo])
+        clock = None
         if self.settings.want_events:
-            fn = self._timed(node, fn, todo)
+            clock = _Clock()
+            self.timing[node.name] = (todo, clock)
+            if node.nests:  # its inner runs report as children of the item's run
+                fn, clock = self._nesting(fn, todo, clock), None
         its = self._args(node, todo)
         if persist is None:
-            return self._map(node, fn, its, todo, [])
+            return self._map(node, fn, its, todo, [], clock)
         out: list[Any] = []
         start, size = 0, 1
         while start < len(todo):  # persist as slices finish; slices adapt to the call time
             stop = min(start + size, len(todo))
             t0 = time.monotonic()
             try:
-                self._map(node, fn, [islice(it, stop - start) for it in its], todo, out)
+                self._map(node, fn, [islice(it, stop - start) for it in its], todo, out, clock)
             finally:  # even on Ctrl-C: what finished in this slice is kept
                 persist(todo[start:len(out)], out[start:])
             quick = time.monotonic() - t0 < FLUSH_SECONDS / 4
@@ -361,12 +370,15 @@ class Columnar:
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
-             todo: list[int], out: list[Any]) -> list[Any]:
+             todo: list[int], out: list[Any], clock: _Clock | None = None) -> list[Any]:
         """Call ``fn`` over the argument iterators into ``out``; a failing call marks its item
         and the loop resumes after it (C-level ``map``: no per-item Python overhead)."""
         while True:
             try:
-                out.extend(map(fn, *its))
+                if clock is None:
+                    out.extend(map(fn, *its))
+                else:
+                    clock.run(fn, its, out)
                 return out
             except Exception as exc:
                 self._record_failure(node, todo[len(out)], exc)
@@ -387,7 +399,7 @@ class Columnar:
             if node.nests and self.settings.want_events:  # this task's own context
                 PARENT.set(self._parent(i))
             async with sem:
-                t0, start = time.perf_counter(), time.time()
+                t0 = time.perf_counter()
                 kwargs = dict(zip(params, args)) if params else {}
                 if guard is None:
                     value = await call_node(node, kwargs, None)
@@ -396,14 +408,17 @@ class Columnar:
                                               self.chunk.offset + i)
                 if persist is not None:
                     persist((i,), (value,))
-                return value, start, (time.perf_counter() - t0) * 1e3
+                return value, t0, time.perf_counter()
 
         results = await asyncio.gather(
             *(one(a if params else (), i) for a, i in zip(zip(*its), todo)), return_exceptions=True
         )
-        for i, r in zip(todo, results):
-            if not isinstance(r, BaseException):
-                self.timing[(node.name, i)] = (r[1], r[2])
+        clock = _Clock()
+        for r in results:
+            ok = not isinstance(r, BaseException)
+            clock.starts.append(r[1] if ok else 0.0)
+            clock.ends.append(r[2] if ok else 0.0)
+        self.timing[node.name] = (todo, clock)
         return self._gathered(node, todo, [
             r if isinstance(r, BaseException) else r[0] for r in results])
 
@@ -420,24 +435,22 @@ class Columnar:
                 out.append(r)
         return out
 
-    def _timed(self, node: HyperNode, fn: Callable[..., Any], todo: list[int]) -> Callable[..., Any]:
-        """``fn`` timing each call (events want start/duration per item); a nesting node's
-        inner runs report to this batch's events as children of the item's run."""
+    def _nesting(self, fn: Callable[..., Any], todo: list[int], clock: _Clock) -> Callable[..., Any]:
+        """``fn`` timed into ``clock``, each call's inner runs reporting to this batch's
+        events as children of the item's run."""
         positions = iter(todo)
-        timing = self.timing
+        starts, ends, now = clock.starts, clock.ends, time.perf_counter
 
-        def timed(*args: Any) -> Any:
-            i = next(positions)
-            nested = PARENT.set(self._parent(i)) if node.nests else None
-            t0, start = time.perf_counter(), time.time()
+        def nesting(*args: Any) -> Any:
+            token = PARENT.set(self._parent(next(positions)))
+            starts.append(now())
             try:
                 return fn(*args)
             finally:
-                timing[(node.name, i)] = (start, (time.perf_counter() - t0) * 1e3)
-                if nested is not None:
-                    PARENT.reset(nested)
+                ends.append(now())
+                PARENT.reset(token)
 
-        return timed
+        return nesting
 
     def _parent(self, i: int) -> Parent:
         s = self.settings
@@ -472,33 +485,30 @@ class Columnar:
             ))
 
     # -- events & result -------------------------------------------------------------------
-    def _node_events(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
-        s, step, name, tags = self.settings, self.plan.position[node.name], node.name, node.tags
-        session, prefix, offset, worker = s.session_id, s.run_prefix, self.chunk.offset, worker_id()
-        columns = [(o, self.values[o]) for o in node.outputs]
-        timing, append, now, ran = self.timing, self.events.append, time.time(), code == RAN
-        for i in results:
-            index = offset + i
-            run_id = f"{prefix}{index}"
-            started, duration = timing.get((name, i), (now, 0.0))
-            if ran:
-                append(NodeStartEvent(session_id=session, run_id=run_id, node_id=name,
-                                      step_index=step, tags=tags, item_index=index,
-                                      node_type=node.kind, timestamp=started))
-            append(NodeEndEvent(
-                session_id=session, run_id=run_id, node_id=name, step_index=step, tags=tags,
-                item_index=index, timestamp=started + duration / 1e3,
-                outputs={o: col[i] for o, col in columns}, cached=not ran,
-                duration_ms=duration if ran else 0.0, started_at=started, worker=worker,
-            ))
+    def _node_columns(self, node: HyperNode, items: Sequence[int], code: int) -> None:
+        if not items:
+            return
+        starts = ends = None
+        if code == RAN:
+            positions, clock = self.timing[node.name]
+            starts, ends = clock.starts, clock.ends
+            if len(positions) != len(items) or list(positions) != list(items):
+                where = dict(zip(positions, range(len(positions))))
+                starts = [starts[where[i]] for i in items]
+                ends = [ends[where[i]] for i in items]
+        self.events.append(NodeColumns(
+            node.name, self.plan.position[node.name], node.tags, node.kind, code == HIT, items,
+            starts, ends, {o: self.values[o] for o in node.outputs}))
 
     def _result(self) -> BatchResult:
         wanted = self.settings.select or self.plan.outputs
         n = self.n
         outputs = {k: self.values.get(k, [MISSING] * n) for k in wanted}
-        for i in self.failed:
-            for col in outputs.values():
-                col[i] = MISSING
+        if self.failed:  # copies: the batch event's columns keep what each node produced
+            outputs = {k: list(col) for k, col in outputs.items()}
+            for i in self.failed:
+                for col in outputs.values():
+                    col[i] = MISSING
         executed = sum(c.count(RAN) for c in self.codes.values())
         hits = sum(c.count(HIT) for c in self.codes.values())
         result = BatchResult(
@@ -506,23 +516,49 @@ class Columnar:
             self.codes, None, [], executed, hits,
         )
         if self.settings.want_events:
-            result.events = self._run_events() + self.events
+            result.events = [self._batch_event()]
         return result
 
-    def _run_events(self) -> list[Event]:
-        """Run start/end per item: items of a batch run together, from its start to now."""
-        s, graph_id, start, end = self.settings, self.plan.graph_hash, self.started, time.time()
-        session, prefix, offset, failed = s.session_id, s.run_prefix, self.chunk.offset, self.failed
-        events: list[Event] = []
-        for i in range(self.n):
-            index, error = offset + i, failed.get(i)
-            run_id = f"{prefix}{index}"
-            events.append(RunStartEvent(session_id=session, run_id=run_id, item_index=index,
-                                        graph_id=graph_id, timestamp=start))
-            events.append(RunEndEvent(session_id=session, run_id=run_id, item_index=index,
-                                      status="error" if error else "complete", error=error,
-                                      timestamp=end, duration_ms=(end - start) * 1e3))
-        return events
+    def _batch_event(self) -> BatchEvent:
+        s = self.settings
+        return BatchEvent(
+            session_id=s.session_id, run_id=s.run_prefix, offset=self.chunk.offset, n=self.n,
+            graph_id=self.plan.graph_hash, started_at=self.started, ended_at=time.time(),
+            clock=self.clock, errors=dict(self.failed), worker=worker_id(), parts=self.events)
+
+
+class _Clock:
+    """``perf_counter`` start and end of each call of one node, aligned with its items.
+
+    ``run`` reads the clock at C level: ``zip`` pulls one result from ``map`` (a call), then
+    one reading (that call's end, the next call's start); no Python frame per call.
+    """
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def run(self, fn: Callable[..., Any], its: list[Iterator[Any]], out: list[Any]) -> None:
+        timed: list[tuple[Any, float]] = []
+        start = time.perf_counter()
+        try:
+            timed.extend(zip(map(fn, *its), iter(time.perf_counter, None)))
+        except BaseException:
+            self._keep(timed, start, out)
+            self.starts.append(self.ends[-1] if timed else start)  # the failing call
+            self.ends.append(time.perf_counter())
+            raise
+        self._keep(timed, start, out)
+
+    def _keep(self, timed: list[tuple[Any, float]], start: float, out: list[Any]) -> None:
+        if timed:
+            values, ends = zip(*timed)
+            out.extend(values)
+            self.starts.append(start)
+            self.starts.extend(ends[:-1])
+            self.ends.extend(ends)
 
 
 _POSITIONAL: weakref.WeakKeyDictionary[HyperNode, Callable[..., Any]] = weakref.WeakKeyDictionary()

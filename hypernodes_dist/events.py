@@ -5,6 +5,12 @@ it concerns (empty/-1 for run-level events), the node's ``tags`` and a wall-cloc
 ``timestamp``. A callback object receives ``on_<event>(event)`` (``on_node_end`` for
 ``NodeEndEvent``...) and/or ``on_event(event)``; a callback that raises is logged and
 never breaks the run.
+
+A map batch run by the columnar executor reports in columns: one ``BatchEvent`` per batch
+instead of ~2 events per node execution (cheap to build, pickle and ship from workers).
+A callback defining ``on_batch`` receives it as is; every other callback receives the
+equivalent per-item events (``BatchEvent.expand()``), so ``on_node_end`` & co. see every
+execution whatever the engine.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 __all__ = [
@@ -33,6 +40,9 @@ __all__ = [
     "StreamingChunkEvent",
     "StreamingEndEvent",
     "PolicyEvent",
+    "NodeColumns",
+    "BatchEvent",
+    "expanded",
     "GraphCallback",
     "hook_name",
     "Dispatcher",
@@ -164,6 +174,104 @@ class PolicyEvent(Event):
     reason: str = ""
 
 
+@dataclass
+class NodeColumns:
+    """The executions of one node over items of a batch, in columns (a ``BatchEvent`` part).
+
+    ``items`` are batch positions; ``starts``/``ends`` are ``time.perf_counter()`` readings
+    aligned with them (``None`` for cache hits: no time spent), turned into wall-clock
+    seconds by adding the batch's ``clock``. ``outputs`` are the node's output columns over
+    the whole batch (index them by position).
+    """
+
+    node_id: str
+    step_index: int
+    tags: tuple[str, ...]
+    node_type: str
+    cached: bool
+    items: Sequence[int]
+    starts: Sequence[float] | None
+    ends: Sequence[float] | None
+    outputs: dict[str, Sequence[Any]]
+
+
+@dataclass(kw_only=True)
+class BatchEvent(Event):
+    """Items ``offset .. offset+n`` of a map batch: their runs, node executions (as
+    ``NodeColumns``) and other events (errors, policies, nested runs) in arrival order.
+    ``run_id`` is the map's run-id prefix; item ``i``'s run id is ``run_id + str(i)``."""
+
+    offset: int = 0
+    n: int = 0
+    graph_id: str = ""
+    started_at: float = 0.0  # wall clock: the batch's items run together, start to end
+    ended_at: float = 0.0
+    clock: float = 0.0  # wall clock minus perf_counter, for ``NodeColumns`` times
+    errors: dict[int, BaseException] = field(default_factory=dict)  # position -> error
+    worker: str = ""
+    parts: list[NodeColumns | Event] = field(default_factory=list)
+
+    def expand(self) -> list[Event]:
+        """The per-item events this batch stands for: run starts, executions, run ends."""
+        session, prefix, offset = self.session_id, self.run_id, self.offset
+        parent, start, end = self.parent_run_id, self.started_at, self.ended_at
+        out: list[Event] = [
+            RunStartEvent(session_id=session, run_id=f"{prefix}{offset + i}", item_index=offset + i,
+                          parent_run_id=parent, graph_id=self.graph_id, timestamp=start)
+            for i in range(self.n)
+        ]
+        for part in self.parts:
+            if isinstance(part, NodeColumns):
+                out.extend(self.executions(part))
+            else:
+                out.append(part)
+        for i in range(self.n):
+            error = self.errors.get(i)
+            out.append(RunEndEvent(
+                session_id=session, run_id=f"{prefix}{offset + i}", item_index=offset + i,
+                parent_run_id=parent, status="error" if error else "complete", error=error,
+                timestamp=end, duration_ms=(end - start) * 1e3))
+        return out
+
+    def executions(self, part: NodeColumns, times: Sequence[tuple[float, float]] | None = None,
+                   which: Iterable[int] | None = None) -> Iterator[Event]:
+        """Start (not for hits) and end events of ``part``'s executions number ``which``
+        (default: all); ``times`` is ``list(self.times(part))`` when the caller has it."""
+        session, prefix, offset, parent = self.session_id, self.run_id, self.offset, self.parent_run_id
+        name, step, tags, items = part.node_id, part.step_index, part.tags, part.items
+        times = list(self.times(part)) if times is None else times
+        for k in range(len(items)) if which is None else which:
+            i, (started, ended) = items[k], times[k]
+            index, outputs = offset + i, {o: col[i] for o, col in part.outputs.items()}
+            run_id = f"{prefix}{index}"
+            if not part.cached:
+                yield NodeStartEvent(session_id=session, run_id=run_id, node_id=name,
+                                     step_index=step, tags=tags, item_index=index,
+                                     parent_run_id=parent, node_type=part.node_type,
+                                     timestamp=started)
+            yield NodeEndEvent(
+                session_id=session, run_id=run_id, node_id=name, step_index=step, tags=tags,
+                item_index=index, parent_run_id=parent, timestamp=ended, outputs=outputs,
+                cached=part.cached, duration_ms=(ended - started) * 1e3, started_at=started,
+                worker=self.worker)
+
+    def times(self, part: NodeColumns) -> Iterable[tuple[float, float]]:
+        """Wall-clock ``(start, end)`` of each execution of ``part`` (hits: the batch end)."""
+        if part.starts is None or part.ends is None:
+            return repeat((self.ended_at, self.ended_at), len(part.items))
+        clock = self.clock
+        return zip([clock + t for t in part.starts], [clock + t for t in part.ends])
+
+
+def expanded(events: Iterable[Event]) -> Iterator[Event]:
+    """``events`` with every ``BatchEvent`` replaced by its per-item events."""
+    for event in events:
+        if isinstance(event, BatchEvent):
+            yield from event.expand()
+        else:
+            yield event
+
+
 class GraphCallback:
     """Optional base class for callbacks; override the ``on_<event>`` methods you need."""
 
@@ -187,20 +295,30 @@ def hook_name(event_type: type) -> str:
 
 class Dispatcher:
     """Delivers events to callbacks; each callback's hook methods are looked up once per
-    event type (a map delivers 10^6 events). A raising callback is logged, never raised."""
+    event type (a map delivers 10^6 events). A raising callback is logged, never raised.
+    A ``BatchEvent`` goes to the callbacks defining ``on_batch``; the others get its
+    expansion (built once, however many callbacks want it)."""
 
     def __init__(self, callbacks: Sequence[Any]) -> None:
         self.callbacks = list(callbacks)
         self._routes: dict[type, list[tuple[Any, str, Any]]] = {}
 
     def _route(self, event_type: type) -> list[tuple[Any, str, Any]]:
-        hook = hook_name(event_type)
-        route = [
-            (cb, name, method)
-            for cb in self.callbacks
-            for name in (hook, "on_event")
-            if (method := getattr(cb, name, None)) is not None
-        ]
+        if issubclass(event_type, BatchEvent):
+            takers = [cb for cb in self.callbacks if getattr(cb, "on_batch", None) is not None]
+            others = [cb for cb in self.callbacks if cb not in takers]
+            route = [(cb, "on_batch", cb.on_batch) for cb in takers]
+            if others:
+                per_item = Dispatcher(others)
+                route.append((per_item, "all", lambda ev: per_item.all(ev.expand())))
+        else:
+            hook = hook_name(event_type)
+            route = [
+                (cb, name, method)
+                for cb in self.callbacks
+                for name in (hook, "on_event")
+                if (method := getattr(cb, name, None)) is not None
+            ]
         self._routes[event_type] = route
         return route
 

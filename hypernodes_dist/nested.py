@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .batch import BatchResult, BatchSettings, Chunk, run_batch
 from .context import PARENT
 from .errors import GraphBuildError
+from .events import expanded
 from .hashing import combine
 from .inputs import expand
 from .nodes import FunctionNode
@@ -115,7 +116,7 @@ class _NestedCall:
             settings.run_prefix = f"{parent.run_id}/{self.name}-{next(_CALLS)}."
         batch = await run_batch(self.plan, chunk, settings)
         if parent is not None:
-            for event in batch.events:
+            for event in expanded(batch.events):
                 if event.parent_run_id is None:
                     event.parent_run_id = parent.run_id
                 parent.emit(event)

@@ -31,9 +31,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .events import (
+    BatchEvent,
     Event,
     GateDecisionEvent,
     InterruptEvent,
+    NodeColumns,
     NodeEndEvent,
     NodeErrorEvent,
     NodeSkippedEvent,
@@ -426,6 +428,10 @@ class TraceCollector:
         if len(pending) >= self._batch:
             self.trace  # noqa: B018 - fold the buffer
 
+    def on_batch(self, event: BatchEvent) -> None:
+        """A map batch in columns: kept as is (a few columns), folded when ``trace`` is read."""
+        self._pending.append(event)
+
 
 # -- handlers (mutate the head store; only ever called by reduce_events) -------------------
 # Records are stored as exact tuples laid out like ``TraceNode`` (the GC untracks exact
@@ -470,7 +476,7 @@ def _ensure_run(st: _Store, ev: Event, status: str = "pending",
 
 
 class _At(NamedTuple):
-    """Where a placeholder execution goes (an event-like for ``_blank``/``_create``)."""
+    """Where a record goes (an event-like for ``_blank``/``_create``/``_ensure_run``)."""
 
     run_id: str
     node_id: str
@@ -678,6 +684,71 @@ def _on_run_end(st: _Store, ev: RunEndEvent) -> None:
         st.put(mid, tuple(m))
 
 
+def _on_batch(st: _Store, ev: BatchEvent) -> None:
+    """A map batch in columns: the same trace as its ``expand()``, without the events."""
+    prefix, session, parent, offset = ev.run_id, ev.session_id, ev.parent_run_id, ev.offset
+    runs = [f"{prefix}{offset + i}" for i in range(ev.n)]
+    for i, run_id in enumerate(runs):
+        at = _At(run_id, "", session, offset + i, parent)
+        rec = _ensure_run(st, at, "running", ev.started_at)  # type: ignore[arg-type]
+        if rec[_STATUS] == "pending":
+            _update(st, rec, status="running", started_at=ev.started_at)
+    for part in ev.parts:
+        if isinstance(part, NodeColumns):
+            _fold_columns(st, ev, part, runs)
+        elif part.run_id and (handler := _handler(type(part))) is not None:
+            handler(st, part)
+    if ev.n:
+        _end_runs(st, ev, runs)
+
+
+def _fold_columns(st: _Store, ev: BatchEvent, part: NodeColumns, runs: list[str]) -> None:
+    """One record per execution, created complete (a start and an end event in one step);
+    an execution that already has a record (a nested run's placeholder) takes the events."""
+    nodes, edges, aux = st.nodes, st.edges, st.aux
+    session, parent, offset, worker = ev.session_id, ev.parent_run_id, ev.offset, ev.worker
+    name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
+    node_type = "" if cached else part.node_type  # a hit has no start event
+    times = list(ev.times(part))
+    for k, i in enumerate(part.items):
+        run_id = runs[i]
+        tid = f"{run_id}:{name}:0"
+        if tid in nodes or run_id not in nodes:
+            for event in ev.executions(part, times, (k,)):
+                _handler(type(event))(st, event)
+            continue
+        started, ended = times[k]
+        st.put(tid, (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
+                     node_type, step, started, (ended - started) * 1e3, cached, worker, 1, None,
+                     None, None, tags, 0, 0))
+        edges.append((aux.get(run_id, run_id), tid, "seq"))
+        st.set_aux(run_id, tid)
+
+
+def _end_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
+    errors, offset, end, parent = ev.errors, ev.offset, ev.ended_at, ev.parent_run_id
+    duration = (end - ev.started_at) * 1e3
+    ended = failed = 0
+    for i, run_id in enumerate(runs):
+        old = st.nodes[run_id]
+        rec = list(old)
+        error = errors.get(i)
+        rec[_STATUS], rec[_ERROR] = ("error" if error else "complete"), _err(error)
+        started = rec[_STARTED]
+        rec[_DURATION] = duration or (None if started is None else (end - started) * 1e3)
+        st.put(run_id, tuple(rec))
+        if old[_STATUS] in _OPEN:
+            ended += 1
+            failed += error is not None
+    if ended and not parent:
+        mid = _map_id(_At(runs[0], "", ev.session_id, offset, parent))  # type: ignore[arg-type]
+        m = list(st.nodes[mid])
+        m[_ITEMS] += ended
+        m[_FAILED] += failed
+        m[_STATUS] = "error" if m[_FAILED] else "complete"
+        st.put(mid, tuple(m))
+
+
 _HANDLERS: dict[type, Any] = {
     NodeStartEvent: _on_node_start,
     NodeEndEvent: _on_node_end,
@@ -692,6 +763,7 @@ _HANDLERS: dict[type, Any] = {
     PolicyEvent: _on_policy,
     RunStartEvent: _on_run_start,
     RunEndEvent: _on_run_end,
+    BatchEvent: _on_batch,
 }
 
 
