@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, repeat
 from typing import Any
@@ -265,7 +266,7 @@ class Columnar:
                 self.src_keys.pop(name, None)
         self.codes[node.name] = bytearray(b"\x01") * self.n
         if self.settings.want_events:
-            self._node_columns(node, range(self.n), RAN)
+            self._node_columns(node, self.timing[node.name][0], RAN)  # every item, in order
         return True
 
     def _store(self, node: HyperNode, results: dict[int, Any], code: int) -> None:
@@ -492,7 +493,7 @@ class Columnar:
         if code == RAN:
             positions, clock = self.timing[node.name]
             starts, ends = clock.starts, clock.ends
-            if len(positions) != len(items) or list(positions) != list(items):
+            if positions is not items and list(positions) != list(items):
                 where = dict(zip(positions, range(len(positions))))
                 starts = [starts[where[i]] for i in items]
                 ends = [ends[where[i]] for i in items]
@@ -536,9 +537,9 @@ class _Clock:
 
     __slots__ = ("starts", "ends")
 
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
+    def __init__(self) -> None:  # arrays: compact to ship, nothing for the GC to traverse
+        self.starts = array("d")
+        self.ends = array("d")
 
     def run(self, fn: Callable[..., Any], its: list[Iterator[Any]], out: list[Any]) -> None:
         timed: list[tuple[Any, float]] = []

@@ -194,6 +194,19 @@ class _Store:
         self.journal.append((1, key, aux.get(key, _ABSENT)))
         aux[key] = value
 
+    def put_many(self, records: dict[str, tuple[Any, ...]], edges: list[Any],
+                 latest: dict[str, str]) -> None:
+        """``put`` every record, append ``edges``, ``set_aux`` every run's latest execution."""
+        nodes, aux = self.nodes, self.aux
+        self.journal.extend([(0, k, nodes.get(k, _ABSENT)) for k in records])
+        self.journal.extend([(1, k, aux.get(k, _ABSENT)) for k in latest])
+        nodes.update(records)
+        aux.update(latest)
+        self.edges.extend(edges)
+        records.clear()
+        edges.clear()
+        latest.clear()
+
 
 class _Ref(weakref.ref):  # type: ignore[type-arg]
     """A superseded version's weak reference: its death releases the journal."""
@@ -686,13 +699,8 @@ def _on_run_end(st: _Store, ev: RunEndEvent) -> None:
 
 def _on_batch(st: _Store, ev: BatchEvent) -> None:
     """A map batch in columns: the same trace as its ``expand()``, without the events."""
-    prefix, session, parent, offset = ev.run_id, ev.session_id, ev.parent_run_id, ev.offset
-    runs = [f"{prefix}{offset + i}" for i in range(ev.n)]
-    for i, run_id in enumerate(runs):
-        at = _At(run_id, "", session, offset + i, parent)
-        rec = _ensure_run(st, at, "running", ev.started_at)  # type: ignore[arg-type]
-        if rec[_STATUS] == "pending":
-            _update(st, rec, status="running", started_at=ev.started_at)
+    runs = [f"{ev.run_id}{ev.offset + i}" for i in range(ev.n)]
+    _start_runs(st, ev, runs)
     for part in ev.parts:
         if isinstance(part, NodeColumns):
             _fold_columns(st, ev, part, runs)
@@ -702,47 +710,79 @@ def _on_batch(st: _Store, ev: BatchEvent) -> None:
         _end_runs(st, ev, runs)
 
 
+def _start_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
+    session, parent, offset, started = ev.session_id, ev.parent_run_id, ev.offset, ev.started_at
+    nodes = st.nodes
+    records: dict[str, tuple[Any, ...]] = {}
+    edges: list[Any] = []
+    mid = ""
+    for i, run_id in enumerate(runs):
+        at = _At(run_id, "", session, offset + i, parent)
+        if parent or run_id in nodes:  # nested runs, or a run seen before: the general case
+            st.put_many(records, edges, {})
+            rec = _ensure_run(st, at, "running", started)  # type: ignore[arg-type]
+            if rec[_STATUS] == "pending":
+                _update(st, rec, status="running", started_at=started)
+            continue
+        if not mid:
+            mid = _map_id(at)  # type: ignore[arg-type]
+            if mid not in nodes:
+                st.put(mid, _record(id=mid, kind="map", session_id=session, status="running"))
+        records[run_id] = (run_id, "run", run_id, "", 0, "running", session, offset + i, None,
+                           "", -1, started) + _DEFAULTS[_DURATION:]
+        edges.append((mid, run_id, "map"))
+    st.put_many(records, edges, {})
+
+
 def _fold_columns(st: _Store, ev: BatchEvent, part: NodeColumns, runs: list[str]) -> None:
     """One record per execution, created complete (a start and an end event in one step);
     an execution that already has a record (a nested run's placeholder) takes the events."""
-    nodes, edges, aux = st.nodes, st.edges, st.aux
+    nodes, aux = st.nodes, st.aux
     session, parent, offset, worker = ev.session_id, ev.parent_run_id, ev.offset, ev.worker
     name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
     node_type = "" if cached else part.node_type  # a hit has no start event
     times = list(ev.times(part))
+    records: dict[str, tuple[Any, ...]] = {}
+    edges: list[Any] = []
+    latest: dict[str, str] = {}
     for k, i in enumerate(part.items):
         run_id = runs[i]
         tid = f"{run_id}:{name}:0"
         if tid in nodes or run_id not in nodes:
+            st.put_many(records, edges, latest)  # keep the order of the events
             for event in ev.executions(part, times, (k,)):
                 _handler(type(event))(st, event)
             continue
         started, ended = times[k]
-        st.put(tid, (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
-                     node_type, step, started, (ended - started) * 1e3, cached, worker, 1, None,
-                     None, None, tags, 0, 0))
+        records[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
+                        node_type, step, started, (ended - started) * 1e3, cached, worker, 1,
+                        None, None, None, tags, 0, 0)
         edges.append((aux.get(run_id, run_id), tid, "seq"))
-        st.set_aux(run_id, tid)
+        latest[run_id] = tid
+    st.put_many(records, edges, latest)
 
 
 def _end_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
     errors, offset, end, parent = ev.errors, ev.offset, ev.ended_at, ev.parent_run_id
     duration = (end - ev.started_at) * 1e3
+    nodes = st.nodes
+    records: dict[str, tuple[Any, ...]] = {}
     ended = failed = 0
     for i, run_id in enumerate(runs):
-        old = st.nodes[run_id]
-        rec = list(old)
+        old = nodes[run_id]
         error = errors.get(i)
-        rec[_STATUS], rec[_ERROR] = ("error" if error else "complete"), _err(error)
-        started = rec[_STARTED]
-        rec[_DURATION] = duration or (None if started is None else (end - started) * 1e3)
-        st.put(run_id, tuple(rec))
+        started = old[_STARTED]
+        records[run_id] = old[:_STATUS] + (
+            "error" if error else "complete",) + old[_STATUS + 1:_DURATION] + (
+            duration or (None if started is None else (end - started) * 1e3),
+        ) + old[_DURATION + 1:_ERROR] + (_err(error),) + old[_ERROR + 1:]
         if old[_STATUS] in _OPEN:
             ended += 1
             failed += error is not None
+    st.put_many(records, [], {})
     if ended and not parent:
         mid = _map_id(_At(runs[0], "", ev.session_id, offset, parent))  # type: ignore[arg-type]
-        m = list(st.nodes[mid])
+        m = list(nodes[mid])
         m[_ITEMS] += ended
         m[_FAILED] += failed
         m[_STATUS] = "error" if m[_FAILED] else "complete"
