@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from hypernodes_dist import DiskCache, Graph, branch, node
+from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.events import BatchEvent, NodeEndEvent, NodeStartEvent, expanded
 from hypernodes_dist.trace import TraceCollector, empty, reduce_events, summary
-from tests.conformance.graphs import double, fmt, fragile, inc
+from tests.conformance.graphs import BRANCH, double, fmt, fragile, inc
 from tests.conformance.nested_graphs import OUTER
 
 
@@ -34,33 +34,13 @@ class PerItem:
         self.ends.append(event)
 
 
-@node(output_name="kind")
-def kind(x: int) -> int:
-    return x
-
-
-@branch(when_true="small", when_false="large")
-def is_small(kind: int) -> bool:
-    return kind < 3
-
-
-@node(output_name="size")
-def small(kind: int) -> str:
-    return "small"
-
-
-@node(output_name="size")
-def large(kind: int) -> str:
-    return "large"
-
-
 def _map(case: str, tmp_path) -> tuple[list, dict, dict]:
     chain = [inc, double, fmt]
     cache = DiskCache(tmp_path / "c")
     return {
         "chain": (chain, {"x": list(range(7))}, {}),
         "errors": ([fragile], {"x": list(range(6)), "bad": (1, 4)}, {"on_error": "collect"}),
-        "branch": ([kind, is_small, small, large], {"x": list(range(6))}, {}),
+        "branch": (BRANCH, {"data": [{"valid": v % 2 == 0, "v": v} for v in range(6)]}, {}),
         "nested": (OUTER, {"document": ["ab|a", "", "aaa|b|c"]}, {}),
         "cached": (chain, {"x": [1, 2, 2, 3]}, {"cache": cache}),
     }[case]
