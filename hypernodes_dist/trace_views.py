@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .trace import (
+from .trace_store import (
     _CACHED,
     _DURATION,
     _ITEM,
