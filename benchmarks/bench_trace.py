@@ -1,4 +1,6 @@
-"""Tracing overhead: a local map of N items (3 trivial nodes) with and without tracing.
+"""Tracing overhead: a local map of N items with and without tracing, on two workloads:
+``trivial`` (3 nodes of ~0.1 us: the worst case) and ``10us`` (3 nodes of ~10 us of pure
+Python each, N / 5 items: still far cheaper than any API call).
 
 Rows (CPU seconds of this process, and wall seconds, best of 3):
 - ``no callbacks``: events are not built at all (``want_events`` is False);
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from hypernodes_dist import Graph
 from hypernodes_dist.trace import TraceCollector
-from hypernodes_dist.workloads import TRIVIAL
+from hypernodes_dist.workloads import CPU, TRIVIAL, calibrate
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -49,30 +51,40 @@ def measure(fn: Callable[[], object]) -> tuple[float, float]:
     return best
 
 
-def run_map(callback: object | None, xs: list[int], read: bool = False) -> None:
-    g = Graph(list(TRIVIAL), callbacks=[callback] if callback is not None else [])
-    g.map({"x": xs, "y": "y"}, map_over="x")
+def run_map(workload: tuple, callback: object | None, read: bool = False) -> None:
+    nodes, inputs = workload
+    g = Graph(list(nodes), callbacks=[callback] if callback is not None else [])
+    g.map(inputs, map_over="x")
     if read:
-        assert len(callback.trace) > len(xs) * 4  # type: ignore[union-attr]
+        assert len(callback.trace) > len(inputs["x"]) * 4  # type: ignore[union-attr]
 
 
-def main(n: int) -> dict:
-    xs = list(range(n))
+def table(name: str, workload: tuple) -> dict:
+    n = len(workload[1]["x"])
     rows = {
-        "no callbacks": measure(lambda: run_map(None, xs)),
-        "on_batch no-op": measure(lambda: run_map(BatchNoop(), xs)),
-        "TraceCollector, map": measure(lambda: run_map(TraceCollector(), xs)),
-        "TraceCollector, map + read": measure(lambda: run_map(TraceCollector(), xs, read=True)),
-        "per-event no-op": measure(lambda: run_map(EventNoop(), xs)),
+        "no callbacks": measure(lambda: run_map(workload, None)),
+        "on_batch no-op": measure(lambda: run_map(workload, BatchNoop())),
+        "TraceCollector, map": measure(lambda: run_map(workload, TraceCollector())),
+        "TraceCollector, map + read": measure(
+            lambda: run_map(workload, TraceCollector(), read=True)),
+        "per-event no-op": measure(lambda: run_map(workload, EventNoop())),
     }
     base_cpu = rows["no callbacks"][0]
     execs = n * 3
-    print(f"N={n} items, {execs} node executions")
+    print(f"\n{name}: N={n} items, {execs} node executions")
     print(f"{'variant':28s} {'cpu s':>8s} {'wall s':>8s} {'x base':>7s} {'us/exec':>8s}")
-    for name, (cpu, wall) in rows.items():
-        print(f"{name:28s} {cpu:8.3f} {wall:8.3f} {cpu / base_cpu:7.2f} "
+    for label, (cpu, wall) in rows.items():
+        print(f"{label:28s} {cpu:8.3f} {wall:8.3f} {cpu / base_cpu:7.2f} "
               f"{(cpu - base_cpu) / execs * 1e6:8.2f}")
-    out = {"n": n, "rows": {k: {"cpu_s": c, "wall_s": w} for k, (c, w) in rows.items()}}
+    return {"n": n, "rows": {k: {"cpu_s": c, "wall_s": w} for k, (c, w) in rows.items()}}
+
+
+def main(n: int) -> dict:
+    workloads = {
+        "trivial": (TRIVIAL, {"x": list(range(n)), "y": "y"}),
+        "10us": (CPU, {"x": list(range(n // 5)), "work": calibrate(10e-6)}),
+    }
+    out = {name: table(name, w) for name, w in workloads.items()}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "trace.json").write_text(json.dumps(out, indent=2))
     return out
