@@ -48,9 +48,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "Policy",
@@ -376,33 +376,40 @@ def _limiter(kind: str, key: str, *spec: Any) -> Any:
 _POLL_MIN, _POLL_MAX = 0.001, 0.025
 
 
-def _acquire_sync(slots: Any) -> tuple[Any, float]:
-    token = slots.try_acquire()
-    if token is not None:
-        return token, 0.0
-    t0 = time.perf_counter()
-    blocking = getattr(slots, "acquire", None)
-    if blocking is not None:
-        return blocking(), time.perf_counter() - t0
-    poll = _POLL_MIN
-    while True:
-        time.sleep(poll * random.uniform(0.5, 1.0))
-        token = slots.try_acquire()
-        if token is not None:
-            return token, time.perf_counter() - t0
-        poll = min(_POLL_MAX, poll * 2)
+class _Sleep(NamedTuple):
+    """Effect: wait ``seconds`` (``time.sleep`` / ``asyncio.sleep``)."""
+
+    seconds: float
 
 
-async def _acquire_async(slots: Any) -> tuple[Any, float]:
+class _Block(NamedTuple):
+    """Effect: call ``fn()``, which blocks (in place / in a worker thread); its value is sent back."""
+
+    fn: Callable[[], Any]
+
+
+class _Invoke(NamedTuple):
+    """Effect: one attempt of the node call, holding ``token`` (a concurrency slot or None,
+    released by the driver when the call really ends); its value or error is sent back."""
+
+    token: Any
+    attempt: int
+
+
+Steps = Generator["_Sleep | _Block | _Invoke", Any, Any]
+
+
+def _acquire(slots: Any) -> Steps:
+    """A concurrency slot: ``(token, seconds waited)``; blocks, or polls with backoff."""
     token = slots.try_acquire()
     if token is not None:
         return token, 0.0
     t0 = time.perf_counter()
     if getattr(slots, "acquire", None) is not None:
-        return await asyncio.to_thread(slots.acquire), time.perf_counter() - t0
+        return (yield _Block(slots.acquire)), time.perf_counter() - t0
     poll = _POLL_MIN
     while True:
-        await asyncio.sleep(poll * random.uniform(0.5, 1.0))
+        yield _Sleep(poll * random.uniform(0.5, 1.0))
         token = slots.try_acquire()
         if token is not None:
             return token, time.perf_counter() - t0
@@ -460,27 +467,78 @@ class Guard:
         self._event("retry", item, attempt, wait, _describe(exc))
         return wait
 
-    # -- sync ----------------------------------------------------------------------------
+    # -- one guarded call, as effects (the sync and async drivers below perform them) -----
+    def _steps(self, item: int | None, failed: Exception | None) -> Steps:
+        """Attempts until one succeeds or retries run out (``failed``: a first attempt's
+        error, already made by the caller)."""
+        attempt, error = (1, failed) if failed is not None else (0, None)
+        while True:
+            if error is not None:
+                wait = self._retry(error, item, attempt)  # raises once out of attempts
+                if wait > 0:
+                    yield _Sleep(wait)
+            attempt += 1
+            try:
+                return (yield from self._attempt(item, attempt))
+            except Exception as exc:
+                error = exc
+
+    def _attempt(self, item: int | None, attempt: int) -> Steps:
+        """Concurrency slot -> rate-limit reservation -> the call."""
+        p, slots, token = self.policy, self.slots, None
+        if slots is not None:
+            token, waited = yield from _acquire(slots)
+            if waited > 0:
+                self._event("throttle", item, attempt, waited, f"concurrency={p.concurrency}")
+        try:
+            if self.rate is not None:
+                wait = self.rate.reserve()
+                if wait > 0:
+                    self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
+                    yield _Sleep(wait)
+            held, token = token, None  # from here on the driver releases it
+            return (yield _Invoke(held, attempt))
+        finally:
+            if token is not None:
+                slots.release(token)  # type: ignore[union-attr]
+
+    def _release(self, token: Any) -> None:
+        if token is not None:
+            self.slots.release(token)  # type: ignore[union-attr]
+
+    # -- sync driver -----------------------------------------------------------------------
     def call(self, thunk: Callable[[], Any], item: int | None = None,
              failed: Exception | None = None) -> Any:
         """Run ``thunk()`` (one call of the node) under the policy; blocking waits.
 
         ``failed``: the error of a first attempt the caller already made.
         """
-        attempt = 0
-        if failed is not None:
-            attempt = 1
-            wait = self._retry(failed, item, attempt)
-            if wait > 0:
-                time.sleep(wait)
+        steps = self._steps(item, failed)
+        reply: Any = None
+        error: BaseException | None = None
         while True:
-            attempt += 1
             try:
-                return self._attempt(thunk, item, attempt)
+                effect = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value
+            reply, error = None, None
+            try:
+                if type(effect) is _Sleep:
+                    time.sleep(effect.seconds)
+                elif type(effect) is _Block:
+                    reply = effect.fn()
+                else:
+                    reply = self._invoke(thunk, item, effect)
             except Exception as exc:
-                wait = self._retry(exc, item, attempt)
-            if wait > 0:
-                time.sleep(wait)
+                error = exc
+
+    def _invoke(self, thunk: Callable[[], Any], item: int | None, effect: _Invoke) -> Any:
+        if self.policy.timeout is None:
+            try:
+                return thunk()
+            finally:
+                self._release(effect.token)
+        return self._in_thread(thunk, item, effect.attempt, effect.token)
 
     def positional(self, fn: Callable[..., Any], items: Any) -> Callable[..., Any]:
         """``fn`` (positional arguments, one call per item in ``items`` order) guarded."""
@@ -502,31 +560,10 @@ class Guard:
 
         return guarded
 
-    def _attempt(self, thunk: Callable[[], Any], item: int | None, attempt: int) -> Any:
-        p, slots, token = self.policy, self.slots, None
-        if slots is not None:
-            token, waited = _acquire_sync(slots)
-            if waited > 0:
-                self._event("throttle", item, attempt, waited, f"concurrency={p.concurrency}")
-        try:
-            if self.rate is not None:
-                wait = self.rate.reserve()
-                if wait > 0:
-                    self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
-                    time.sleep(wait)
-            if p.timeout is None:
-                return thunk()
-            held, token = token, None  # the helper thread releases the slot when it really ends
-            return self._in_thread(thunk, item, attempt, held)
-        finally:
-            if token is not None:
-                slots.release(token)  # type: ignore[union-attr]
-
     def _in_thread(self, thunk: Callable[[], Any], item: int | None, attempt: int,
                    token: Any) -> Any:
         box: dict[str, Any] = {}
         done = threading.Event()
-        slots = self.slots
 
         def work() -> None:
             try:
@@ -534,8 +571,7 @@ class Guard:
             except BaseException as exc:  # handed to the caller
                 box["error"] = exc
             finally:
-                if token is not None:
-                    slots.release(token)  # type: ignore[union-attr]
+                self._release(token)
                 done.set()
 
         ctx = contextvars.copy_context()
@@ -549,46 +585,45 @@ class Guard:
             raise box["error"]
         return box["value"]
 
-    # -- async ---------------------------------------------------------------------------
+    # -- async driver ----------------------------------------------------------------------
     async def acall(self, athunk: Callable[[], Awaitable[Any]], item: int | None = None) -> Any:
         """Await ``athunk()`` (one call of the node) under the policy."""
-        attempt = 0
+        steps = self._steps(item, None)
+        reply: Any = None
+        error: BaseException | None = None
         while True:
-            attempt += 1
             try:
-                return await self._aattempt(athunk, item, attempt)
+                effect = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value
+            reply, error = None, None
+            try:
+                if type(effect) is _Sleep:
+                    await asyncio.sleep(effect.seconds)
+                elif type(effect) is _Block:
+                    reply = await asyncio.to_thread(effect.fn)
+                else:
+                    reply = await self._ainvoke(athunk, item, effect)
             except Exception as exc:
-                wait = self._retry(exc, item, attempt)
-            if wait > 0:
-                await asyncio.sleep(wait)
+                error = exc
 
-    async def _aattempt(self, athunk: Callable[[], Awaitable[Any]], item: int | None,
-                        attempt: int) -> Any:
-        p, slots, token = self.policy, self.slots, None
-        if slots is not None:
-            token, waited = await _acquire_async(slots)
-            if waited > 0:
-                self._event("throttle", item, attempt, waited, f"concurrency={p.concurrency}")
+    async def _ainvoke(self, athunk: Callable[[], Awaitable[Any]], item: int | None,
+                       effect: _Invoke) -> Any:
+        timeout = self.policy.timeout
         try:
-            if self.rate is not None:
-                wait = self.rate.reserve()
-                if wait > 0:
-                    self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
-                    await asyncio.sleep(wait)
-            if p.timeout is None:
+            if timeout is None:
                 return await athunk()
             try:
-                async with asyncio.timeout(p.timeout) as scope:
+                async with asyncio.timeout(timeout) as scope:
                     return await athunk()
             except TimeoutError:
                 if not scope.expired():
                     raise  # the node's own TimeoutError
                 err = self._timeout_error(item)
-                self._event("timeout", item, attempt, p.timeout, str(err))
+                self._event("timeout", item, effect.attempt, timeout, str(err))
                 raise err from None
         finally:
-            if token is not None:
-                slots.release(token)  # type: ignore[union-attr]
+            self._release(effect.token)
 
 
 def awaits(node: Any) -> bool:
