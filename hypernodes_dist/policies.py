@@ -52,6 +52,8 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .syncio import run_sync
+
 __all__ = [
     "Policy",
     "NodeTimeoutError",
@@ -506,14 +508,9 @@ class Guard:
         if token is not None:
             self.slots.release(token)  # type: ignore[union-attr]
 
-    # -- sync driver -----------------------------------------------------------------------
-    def call(self, thunk: Callable[[], Any], item: int | None = None,
-             failed: Exception | None = None) -> Any:
-        """Run ``thunk()`` (one call of the node) under the policy; blocking waits.
-
-        ``failed``: the error of a first attempt the caller already made.
-        """
-        steps = self._steps(item, failed)
+    # -- drivers: one loop, effects performed blocking (sync) or awaited (async) -------------
+    async def _drive(self, steps: Steps, perform: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run ``steps`` to its result, performing each effect with ``perform``."""
         reply: Any = None
         error: BaseException | None = None
         while True:
@@ -523,14 +520,24 @@ class Guard:
                 return done.value
             reply, error = None, None
             try:
-                if type(effect) is _Sleep:
-                    time.sleep(effect.seconds)
-                elif type(effect) is _Block:
-                    reply = effect.fn()
-                else:
-                    reply = self._invoke(thunk, item, effect)
+                reply = await perform(effect)
             except Exception as exc:
                 error = exc
+
+    def call(self, thunk: Callable[[], Any], item: int | None = None,
+             failed: Exception | None = None) -> Any:
+        """Run ``thunk()`` (one call of the node) under the policy; blocking waits.
+
+        ``failed``: the error of a first attempt the caller already made.
+        """
+        async def perform(effect: Any) -> Any:  # never suspends: driven without a loop
+            if type(effect) is _Sleep:
+                return time.sleep(effect.seconds)
+            if type(effect) is _Block:
+                return effect.fn()
+            return self._invoke(thunk, item, effect)
+
+        return run_sync(self._drive(self._steps(item, failed), perform), needs_loop=False)
 
     def _invoke(self, thunk: Callable[[], Any], item: int | None, effect: _Invoke) -> Any:
         if self.policy.timeout is None:
@@ -585,27 +592,16 @@ class Guard:
             raise box["error"]
         return box["value"]
 
-    # -- async driver ----------------------------------------------------------------------
     async def acall(self, athunk: Callable[[], Awaitable[Any]], item: int | None = None) -> Any:
         """Await ``athunk()`` (one call of the node) under the policy."""
-        steps = self._steps(item, None)
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
-            try:
-                if type(effect) is _Sleep:
-                    await asyncio.sleep(effect.seconds)
-                elif type(effect) is _Block:
-                    reply = await asyncio.to_thread(effect.fn)
-                else:
-                    reply = await self._ainvoke(athunk, item, effect)
-            except Exception as exc:
-                error = exc
+        async def perform(effect: Any) -> Any:
+            if type(effect) is _Sleep:
+                return await asyncio.sleep(effect.seconds)
+            if type(effect) is _Block:
+                return await asyncio.to_thread(effect.fn)
+            return await self._ainvoke(athunk, item, effect)
+
+        return await self._drive(self._steps(item, None), perform)
 
     async def _ainvoke(self, athunk: Callable[[], Awaitable[Any]], item: int | None,
                        effect: _Invoke) -> Any:
@@ -638,7 +634,6 @@ async def guarded_call(node: Any, kwargs: dict[str, Any], on_chunk: Any, ctx: An
     ``ctx`` is the run's ``RunContext``; ``base`` the event fields of this execution.
     """
     from .invoke import call_node
-    from .syncio import run_sync
 
     emit = ctx.emit
     item = ctx.item_index
