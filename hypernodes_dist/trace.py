@@ -421,7 +421,7 @@ def _start_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
     for i, run_id in enumerate(runs):
         at = _At(run_id, "", session, offset + i, parent)
         if parent or run_id in nodes:  # nested runs, or a run seen before: the general case
-            st.put_many(records, edges, {})
+            st.put_many(records, edges, {}, new=True)
             rec = _ensure_run(st, at, "running", started)  # type: ignore[arg-type]
             if rec[_STATUS] == "pending":
                 _update(st, rec, status="running", started_at=started)
@@ -433,7 +433,7 @@ def _start_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
         records[run_id] = (run_id, "run", run_id, "", 0, "running", session, offset + i, None,
                            "", -1, started) + _DEFAULTS[_DURATION:]
         edges.append((mid, run_id, "map"))
-    st.put_many(records, edges, {})
+    st.put_many(records, edges, {}, new=True)
 
 
 def _fold_columns(st: _Store, ev: BatchEvent, part: NodeColumns, runs: list[str]) -> None:
@@ -451,7 +451,7 @@ def _fold_columns(st: _Store, ev: BatchEvent, part: NodeColumns, runs: list[str]
         run_id = runs[i]
         tid = f"{run_id}:{name}:0"
         if tid in nodes or run_id not in nodes:
-            st.put_many(records, edges, latest)  # keep the order of the events
+            st.put_many(records, edges, latest, new=True)  # keep the order of the events
             for event in ev.executions(part, times, (k,)):
                 _handler(type(event))(st, event)
             continue
@@ -461,7 +461,7 @@ def _fold_columns(st: _Store, ev: BatchEvent, part: NodeColumns, runs: list[str]
                         None, None, None, tags, 0, 0)
         edges.append((aux.get(run_id, run_id), tid, "seq"))
         latest[run_id] = tid
-    st.put_many(records, edges, latest)
+    st.put_many(records, edges, latest, new=True)
 
 
 def _end_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:

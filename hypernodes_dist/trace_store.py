@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 __all__ = ["Trace", "TraceNode", "Edge", "Chunks", "empty"]
 
 _ABSENT: Any = object()
+_ALL_NEW: Any = object()  # a journal entry whose key is a tuple of keys that were all absent
 _wrap = tuple.__new__
 _OPEN = frozenset({"pending", "running", "interrupted"})
 
@@ -151,10 +152,15 @@ class _Store:
         aux[key] = value
 
     def put_many(self, records: dict[str, tuple[Any, ...]], edges: list[Any],
-                 latest: dict[str, str]) -> None:
-        """``put`` every record, append ``edges``, ``set_aux`` every run's latest execution."""
+                 latest: dict[str, str], new: bool = False) -> None:
+        """``put`` every record, append ``edges``, ``set_aux`` every run's latest execution
+        (``new``: the caller knows no record existed: one journal entry for all)."""
         nodes, aux = self.nodes, self.aux
-        self.journal.extend([(0, k, nodes.get(k, _ABSENT)) for k in records])
+        if new:
+            if records:
+                self.journal.append((0, tuple(records), _ALL_NEW))
+        else:
+            self.journal.extend([(0, k, nodes.get(k, _ABSENT)) for k in records])
         self.journal.extend([(1, k, aux.get(k, _ABSENT)) for k in latest])
         nodes.update(records)
         aux.update(latest)
@@ -258,7 +264,10 @@ class Trace:
                 raise RuntimeError("internal error: trace history was released too early")
             for table, key, old in reversed(head.journal[start:]):
                 d = nodes if table == 0 else aux
-                if old is _ABSENT:
+                if old is _ALL_NEW:
+                    for k in key:
+                        del d[k]
+                elif old is _ABSENT:
                     d.pop(key, None)
                 else:
                     d[key] = old

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypernodes_dist import DiskCache, Graph
+from hypernodes_dist import DiskCache, Graph, GraphEngine
 from hypernodes_dist.events import BatchEvent, NodeEndEvent, NodeStartEvent, expanded
 from hypernodes_dist.trace import TraceCollector, empty, reduce_events, summary
 from tests.conformance.graphs import BRANCH, double, fmt, fragile, inc
@@ -96,3 +96,15 @@ def test_collector_folds_blocks_when_the_trace_is_read():
     stats = summary(collector.trace)
     assert {name: stats[name].executions for name in ("inc", "double", "fmt")} == {
         "inc": n, "double": n, "fmt": n}
+
+
+def test_an_older_trace_is_unchanged_by_folding_later_batches():
+    blocks = Blocks()
+    Graph([inc, double, fmt], callbacks=[blocks], engine=GraphEngine(batch_size=2)).map(
+        {"x": [1, 2, 3, 4]}, map_over="x")
+    first, second = blocks.batches
+    older = reduce_events(empty(), [first])
+    newer = reduce_events(older, [second])
+    assert older == reduce_events(empty(), [first])  # rebuilt from the undo journal
+    assert len(newer) > len(older)
+    assert newer == reduce_events(empty(), list(expanded([first, second])))
