@@ -46,7 +46,7 @@ def _sync_fan_out(barrier: threading.Barrier | None, threads: set[str]):
 def test_sync_nodes_run_concurrently_in_threads_with_one_step_index():
     threads: set[str] = set()
     rec = Recorder()
-    g = Graph(_sync_fan_out(threading.Barrier(2, timeout=5), threads),
+    g = Graph(_sync_fan_out(threading.Barrier(2, timeout=60), threads),
               engine=GraphEngine(parallel_nodes=True, max_workers=2), callbacks=[rec])
     r = g.run({"x": 1})
     assert r["out"] == "L1R1"

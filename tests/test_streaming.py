@@ -4,6 +4,7 @@ joined values, back-pressure in iter(), concurrent streams interleaved but ident
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import defaultdict
 
 import pytest
@@ -156,18 +157,20 @@ def test_sync_generator_streams_chunk_by_chunk_in_iter():
 
 def _parallel_streams(sync: bool):
     if sync:
+        both_started = threading.Barrier(2, timeout=60)  # each goes on once both have yielded
+
         @node(output_name="web_results", tags=["retrieval", "web"])
         def search_web(query: str):
-            import time
             for i in range(4):
-                time.sleep(0.01)
+                if i == 1:
+                    both_started.wait()
                 yield f"w{i}"
 
         @node(output_name="db_results", tags=["retrieval", "db"])
         def search_db(query: str):
-            import time
             for i in range(4):
-                time.sleep(0.01)
+                if i == 1:
+                    both_started.wait()
                 yield f"d{i}"
     else:
         @node(output_name="web_results", tags=["retrieval", "web"])

@@ -81,17 +81,36 @@ def pol_skip(x: int) -> int:
 # --------------------------------------------------------------------------- timeouts
 
 
+HOLD = 60.0  # seconds a held call waits for its release at most
+
+
+def release(log_dir: str) -> None:
+    """Let held calls (``pol_sleepy``, ``pol_asleepy``) run on to their end."""
+    (Path(log_dir) / "release").touch()
+
+
+def finished(log_dir: str) -> bool:
+    """Whether a held call ran to its end."""
+    return (Path(log_dir) / "finished").exists()
+
+
 @node(output_name="y", timeout=0.2)
-def pol_sleepy(x: int) -> int:
-    if x == 1:
-        time.sleep(1.0)  # abandoned after 0.2 s: a sync function cannot be killed
+def pol_sleepy(x: int, log_dir: str) -> int:
+    if x == 1:  # held until released: abandoned after 0.2 s (a sync call cannot be killed)
+        deadline = time.monotonic() + HOLD
+        while not (Path(log_dir) / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _append(Path(log_dir) / "finished", str(x))
     return x
 
 
 @node(output_name="y", timeout=0.2)
-async def pol_asleepy(x: int) -> int:
-    if x == 1:
-        await asyncio.sleep(5)  # cancelled after 0.2 s
+async def pol_asleepy(x: int, log_dir: str) -> int:
+    if x == 1:  # held until released: cancelled after 0.2 s
+        deadline = time.monotonic() + HOLD
+        while not (Path(log_dir) / "release").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        _append(Path(log_dir) / "finished", str(x))
     return x
 
 
@@ -118,7 +137,7 @@ def pol_conc1(x: int, log_dir: str) -> int:
     return x
 
 
-RATE = 25.0  # calls per second
+RATE = 5.0  # calls per second: slow enough that calls contend (and are throttled) under load
 
 
 @node(output_name="y", rate_limit=(RATE, 1.0))

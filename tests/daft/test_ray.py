@@ -22,7 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_map_on_daft_ray_runner():
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    # Ray runs its workers at niceness 15 by default: on a loaded machine they starve (3
+    # busy loops on 2 cores: 180 s for this script, 31 s at niceness 0, the fair share).
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled",
+               RAY_worker_niceness="0")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.daft.ray_smoke"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,

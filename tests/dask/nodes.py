@@ -40,7 +40,12 @@ def slow_square(x: int, delay: float = 0.05) -> int:
 
 
 @node(output_name="late")
-def fail_after(x: int, delay: float = 0.2) -> int:
+def fail_after(x: int, log_dir: str, delay: float = 0.2) -> int:
+    """Leaves one file per call in ``log_dir`` (proves whether the call ran), then fails."""
+    import uuid
+
+    with open(os.path.join(log_dir, uuid.uuid4().hex), "w") as f:
+        f.write(str(x))
     time.sleep(delay)
     raise ValueError(f"item {x} is bad")
 
