@@ -14,9 +14,8 @@ import asyncio
 import inspect
 import time
 import weakref
-from array import array
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice, repeat
+from itertools import chain, islice, repeat
 from typing import Any
 
 from .batch import HIT, RAN, BatchResult, BatchSettings, Chunk
@@ -415,10 +414,7 @@ class Columnar:
             *(one(a if params else (), i) for a, i in zip(zip(*its), todo)), return_exceptions=True
         )
         clock = _Clock()
-        for r in results:
-            ok = not isinstance(r, BaseException)
-            clock.starts.append(r[1] if ok else 0.0)
-            clock.ends.append(r[2] if ok else 0.0)
+        clock.add(*zip(*[(0.0, 0.0) if isinstance(r, BaseException) else r[1:] for r in results]))
         self.timing[node.name] = (todo, clock)
         return self._gathered(node, todo, [
             r if isinstance(r, BaseException) else r[0] for r in results])
@@ -440,15 +436,15 @@ class Columnar:
         """``fn`` timed into ``clock``, each call's inner runs reporting to this batch's
         events as children of the item's run."""
         positions = iter(todo)
-        starts, ends, now = clock.starts, clock.ends, time.perf_counter
+        now = time.perf_counter
 
         def nesting(*args: Any) -> Any:
             token = PARENT.set(self._parent(next(positions)))
-            starts.append(now())
+            start = now()
             try:
                 return fn(*args)
             finally:
-                ends.append(now())
+                clock.add((start,), (now(),))
                 PARENT.reset(token)
 
         return nesting
@@ -532,14 +528,27 @@ class _Clock:
     """``perf_counter`` start and end of each call of one node, aligned with its items.
 
     ``run`` reads the clock at C level: ``zip`` pulls one result from ``map`` (a call), then
-    one reading (that call's end, the next call's start); no Python frame per call.
+    one reading (that call's end, the next call's start); no Python frame per call. Readings
+    stay in the tuples ``zip`` made; ``starts``/``ends`` join them when asked.
     """
 
-    __slots__ = ("starts", "ends")
+    __slots__ = ("_starts", "_ends")
 
-    def __init__(self) -> None:  # arrays: compact to ship, nothing for the GC to traverse
-        self.starts = array("d")
-        self.ends = array("d")
+    def __init__(self) -> None:
+        self._starts: list[tuple[float, ...]] = []
+        self._ends: list[tuple[float, ...]] = []
+
+    def add(self, starts: tuple[float, ...], ends: tuple[float, ...]) -> None:
+        self._starts.append(starts)
+        self._ends.append(ends)
+
+    @property
+    def starts(self) -> tuple[float, ...]:
+        return _joined(self._starts)
+
+    @property
+    def ends(self) -> tuple[float, ...]:
+        return _joined(self._ends)
 
     def run(self, fn: Callable[..., Any], its: list[Iterator[Any]], out: list[Any]) -> None:
         timed: list[tuple[Any, float]] = []
@@ -547,19 +556,23 @@ class _Clock:
         try:
             timed.extend(zip(map(fn, *its), iter(time.perf_counter, None)))
         except BaseException:
-            self._keep(timed, start, out)
-            self.starts.append(self.ends[-1] if timed else start)  # the failing call
-            self.ends.append(time.perf_counter())
+            last = self._keep(timed, start, out)
+            self.add((last,), (time.perf_counter(),))  # the failing call
             raise
         self._keep(timed, start, out)
 
-    def _keep(self, timed: list[tuple[Any, float]], start: float, out: list[Any]) -> None:
-        if timed:
-            values, ends = zip(*timed)
-            out.extend(values)
-            self.starts.append(start)
-            self.starts.extend(ends[:-1])
-            self.ends.extend(ends)
+    def _keep(self, timed: list[tuple[Any, float]], start: float, out: list[Any]) -> float:
+        """Keep the finished calls; returns when the last one ended (``start``: none)."""
+        if not timed:
+            return start
+        values, ends = zip(*timed)
+        out.extend(values)
+        self.add((start, *ends[:-1]), ends)
+        return ends[-1]
+
+
+def _joined(parts: list[tuple[float, ...]]) -> tuple[float, ...]:
+    return parts[0] if len(parts) == 1 else tuple(chain.from_iterable(parts))
 
 
 _POSITIONAL: weakref.WeakKeyDictionary[HyperNode, Callable[..., Any]] = weakref.WeakKeyDictionary()
