@@ -7,13 +7,22 @@ hypernodes-dist's local engine and the plain loop measured in the same run):
 - hypernodes-dist: local engine, Dask (processes), Daft (native);
 - hypernodes 0.4.8: ``SeqEngine`` and its ``DaskEngine(scheduler="processes")``;
 - pipefunc: ``Pipeline.map`` sequential and parallel (on one kept process pool);
+- Hamilton (``sf-hamilton``, now a shim over ``apache-hamilton``): one driver built once
+  from a temporary module; ``driver.execute`` once per item (sequential), and its dynamic
+  execution (``Parallelizable``/``Collect`` over the items) with its
+  ``MultiProcessingExecutor``; plus, as an extra row that is *not* per-item, one
+  ``execute`` over pandas columns with the trivial nodes rewritten as column operations;
+- hypergraph (Gilad Rubin's successor of hypernodes): recorded with the reason it is not
+  installable (PyPI's ``hypergraph`` is an unrelated project; its own distribution name,
+  ``hypergraph-ai``, is not found by pip);
 - raw ``dask.bag`` (processes scheduler, one kept process pool) and raw Daft (one
   ``daft.func`` column per node).
 
 Peers are benchmark-only dependencies, never package dependencies. ``--setup`` creates
 ``benchmarks/.peers-venv``: a venv layered on this interpreter's site-packages (so our
 package, dask and daft are shared) with ``hypernodes==0.4.8`` (``--no-deps``: it declares
-no required dependencies) and ``pipefunc`` installed into it. Without ``--setup``, the script
+no required dependencies), ``pipefunc`` and ``sf-hamilton`` installed into it; it also tries
+``hypergraph-ai`` and keeps pip's error when that fails. Without ``--setup``, the script
 re-runs itself in that venv when it exists and the peers are not importable here. A peer
 that cannot be installed or run is recorded with its exact error instead of a number.
 
@@ -34,6 +43,8 @@ import sys
 import sysconfig
 import time
 import traceback
+import types
+import typing
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,7 +56,12 @@ from hypernodes_dist.bench import machine, make_engine
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 VENV = HERE / ".peers-venv"
-PEERS = ["hypernodes==0.4.8", "pipefunc"]
+PEERS = ["hypernodes==0.4.8", "pipefunc", "sf-hamilton"]
+# Gilad Rubin's hypergraph (github.com/gilad-rubin/hypergraph) names its distribution
+# ``hypergraph-ai`` in its pyproject.toml; PyPI's ``hypergraph`` (0.5.0, 2019) is an unrelated
+# autodiff library (Thomas Oberbichler's HyperGraph), so it is not installed.
+HYPERGRAPH = "hypergraph-ai"
+HYPERGRAPH_ERROR = VENV / "hypergraph-install-error.txt"  # pip's error, kept by --setup
 
 # workload -> (plain functions with their output names, mapped parameter, broadcast names)
 SPECS: dict[str, tuple[list[tuple[Callable[..., Any], str]], str, tuple[str, ...]]] = {
@@ -77,12 +93,21 @@ def setup() -> int:
     pip = [str(venv_python()), "-m", "pip", "install", "-q"]
     rc = subprocess.run([*pip, "--no-deps", PEERS[0]]).returncode
     rc |= subprocess.run([*pip, *PEERS[1:]]).returncode
+    hg = subprocess.run([*pip, HYPERGRAPH], capture_output=True, text=True)
+    if hg.returncode == 0:
+        HYPERGRAPH_ERROR.unlink(missing_ok=True)
+    else:
+        err = " ".join(ln.strip() for ln in hg.stderr.splitlines()
+                       if ln.startswith("ERROR")) or hg.stderr.strip()
+        HYPERGRAPH_ERROR.write_text(f"pip install {HYPERGRAPH}: {err}\n")
+        print(f"{HYPERGRAPH}: not installed ({err})")
     print(f"peers venv: {VENV} ({'ok' if rc == 0 else 'some installs failed'})")
     return rc
 
 
 def _peers_importable() -> bool:
     try:
+        import hamilton  # noqa: F401
         import hypernodes  # noqa: F401
         import pipefunc  # noqa: F401
     except ImportError:
@@ -170,6 +195,103 @@ def _pipefunc(parallel: bool) -> Callable[[str], Runner]:
     return prepare
 
 
+def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` under the name of its output (Hamilton names a node after its function).
+    The code object is renamed too, so the copy pickles by reference to Hamilton's temporary
+    module (the fork-started processes of its MultiProcessingExecutor find it there)."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    out.__annotations__ = dict(fn.__annotations__)
+    return out
+
+
+def _hamilton(mode: str) -> Callable[[str], Runner]:
+    def prepare(workload: str) -> Runner:
+        from hamilton import ad_hoc_utils, driver
+
+        fns, mapped, broadcast = SPECS[workload]
+        last = fns[-1][1]
+        nodes = [_renamed(fn, out) for fn, out in fns]
+        if mode == "sequential":
+            dr = driver.Builder().with_modules(
+                ad_hoc_utils.create_temporary_module(*nodes)).build()
+
+            def run(inputs: dict[str, Any]) -> list[Any]:
+                kept = {b: inputs[b] for b in broadcast}
+                return [dr.execute([last], inputs={mapped: v, **kept})[last]
+                        for v in inputs[mapped]]
+
+            return run
+        if mode == "parallel":
+            from hamilton.execution.executors import MultiProcessingExecutor
+            from hamilton.htypes import Collect, Parallelizable
+
+            # fan-out node named like the mapped parameter, fan-in node over the last output
+            # (typed like them: Hamilton checks that edge types match)
+            src = (f"def {mapped}({mapped}_all: list) -> Parallelizable[T_in]:\n"
+                   f"    yield from {mapped}_all\n"
+                   f"def {last}_all({last}: Collect[T_out]) -> list:\n"
+                   f"    return list({last})\n")
+            ns: dict[str, Any] = {
+                "Parallelizable": Parallelizable, "Collect": Collect,
+                "T_in": typing.get_type_hints(fns[0][0])[mapped],
+                "T_out": typing.get_type_hints(fns[-1][0])["return"]}
+            exec(src, ns)
+            mod = ad_hoc_utils.create_temporary_module(ns[mapped], ns[f"{last}_all"], *nodes)
+            executor = MultiProcessingExecutor(max_tasks=os.cpu_count() or 1)
+            dr = (driver.Builder().with_modules(mod)
+                  .enable_dynamic_execution(allow_experimental_mode=True)
+                  .with_remote_executor(executor).build())
+
+            def run(inputs: dict[str, Any]) -> list[Any]:
+                kept = {b: inputs[b] for b in broadcast}
+                res = dr.execute([f"{last}_all"], inputs={f"{mapped}_all": inputs[mapped], **kept})
+                return res[f"{last}_all"]
+
+            return run
+        # pandas-vectorized: NOT per-item; the trivial nodes rewritten as column operations
+        if workload != "trivial":
+            raise NotImplementedError(
+                f"no column form of the {workload!r} nodes (per-item pure-Python work)")
+        import pandas as pd
+
+        def a(x: pd.Series) -> pd.Series:
+            return x + 1
+
+        def b(a: pd.Series) -> pd.Series:
+            return a * 2
+
+        def c(b: pd.Series, y: str) -> pd.Series:
+            return b.astype(str) + "-" + y
+
+        for f in (a, b, c):  # this module's string annotations, resolved for Hamilton
+            f.__annotations__ = typing.get_type_hints(f, localns={"pd": pd})
+        dr = driver.Builder().with_modules(
+            ad_hoc_utils.create_temporary_module(a, b, c)).build()
+
+        def run(inputs: dict[str, Any]) -> list[Any]:
+            return dr.execute(["c"], inputs={"x": pd.Series(inputs["x"]),
+                                             "y": inputs["y"]})["c"].tolist()
+
+        return run
+
+    return prepare
+
+
+def _hypergraph(workload: str) -> Runner:
+    """Not installable (see HYPERGRAPH): raises the recorded reason, which becomes the row."""
+    try:
+        import hypergraph  # noqa: F401
+    except ImportError as exc:
+        reason = (HYPERGRAPH_ERROR.read_text().strip() if HYPERGRAPH_ERROR.exists()
+                  else f"{type(exc).__name__}: {exc}")
+        raise RuntimeError(
+            f"{reason} (PyPI's `hypergraph` 0.5.0 is an unrelated autodiff library)") from None
+    raise NotImplementedError(
+        "hypergraph is importable but no runner was written: it did not install when this "
+        "peer was added")
+
+
 def _dask_bag(workload: str) -> Runner:
     import dask.bag as db
 
@@ -217,6 +339,10 @@ SYSTEMS: dict[str, Callable[[str], Runner]] = {
     "hypernodes 0.4.8 dask-processes": _hypernodes("dask-processes"),
     "pipefunc sequential": _pipefunc(False),
     "pipefunc parallel": _pipefunc(True),
+    "hamilton execute-per-item": _hamilton("sequential"),
+    "hamilton Parallelizable multiprocessing": _hamilton("parallel"),
+    "hamilton pandas-vectorized (not per-item)": _hamilton("vectorized"),
+    "hypergraph": _hypergraph,
     "dask.bag processes (raw)": _dask_bag,
     "daft native UDF-per-node (raw)": _daft_raw,
 }
@@ -293,8 +419,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
              "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["workload"], r["items"])):
         if r["seconds"] is None:
+            error = " ".join(str(r["error"]).split()).replace("|", "\\|")
             lines.append(f"| {r['workload']} | {r['items']:,} | {r['system']} | "
-                         f"{r['error']} | | | | |")
+                         f"{error} | | | | |")
             continue
         lines.append(
             f"| {r['workload']} | {r['items']:,} | {r['system']} | {r['seconds']} | "
@@ -348,7 +475,8 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for dist in ("hypernodes-dist", "hypernodes", "pipefunc", "dask", "daft"):
+    for dist in ("hypernodes-dist", "hypernodes", "pipefunc", "sf-hamilton", "apache-hamilton",
+                 HYPERGRAPH, "pandas", "dask", "daft"):
         try:
             found[dist] = version(dist)
         except PackageNotFoundError:
