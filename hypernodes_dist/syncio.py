@@ -9,9 +9,11 @@ when the caller is itself inside a running loop (Jupyter, async web handlers).
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 __all__ = ["run_sync"]
@@ -43,16 +45,50 @@ def _run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on ``loop``; on Ctrl-C (or any escape) cancel it and let it unwind, so
     its ``finally`` blocks run (executors flush finished work to the cache there)."""
     task = loop.create_task(coro)
-    try:
-        return loop.run_until_complete(task)
-    except BaseException:
-        if not task.done():
+    with _sigint_cancels(loop, task) as interrupted:
+        try:
+            return loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        except BaseException:
+            if not task.done():
+                task.cancel()
+                try:
+                    loop.run_until_complete(task)
+                except BaseException:  # noqa: S110 - the original exception is what matters
+                    pass
+            raise
+
+
+@contextmanager
+def _sigint_cancels(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> Iterator[list[int]]:
+    """In the main thread, Ctrl-C cancels ``task`` (which then unwinds) instead of raising
+    ``KeyboardInterrupt`` wherever the loop happens to be: raised inside the loop's own
+    bookkeeping, it can lose a task's wake-up and leave the unwinding hanging (this is
+    what ``asyncio.run`` does too). A second Ctrl-C raises at once. The list it yields is
+    non-empty once Ctrl-C was pressed."""
+    hits: list[int] = []
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield hits
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        hits.append(signum)
+        if len(hits) == 1 and not task.done():
             task.cancel()
-            try:
-                loop.run_until_complete(task)
-            except BaseException:  # noqa: S110 - the original exception is what matters
-                pass
-        raise
+            loop.call_soon_threadsafe(lambda: None)  # wake a loop blocked in select()
+            return
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield hits
+    finally:
+        if signal.getsignal(signal.SIGINT) is on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _thread_loop() -> asyncio.AbstractEventLoop:
