@@ -20,7 +20,6 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 __all__ = [
@@ -257,10 +256,14 @@ class BatchEvent(Event):
 
     def times(self, part: NodeColumns) -> Iterable[tuple[float, float]]:
         """Wall-clock ``(start, end)`` of each execution of ``part`` (hits: the batch end)."""
+        return zip(*self.wall_times(part))
+
+    def wall_times(self, part: NodeColumns) -> tuple[list[float], list[float]]:
+        """``times`` as two columns: starts and ends."""
         if part.starts is None or part.ends is None:
-            return repeat((self.ended_at, self.ended_at), len(part.items))
+            return [self.ended_at] * len(part.items), [self.ended_at] * len(part.items)
         clock = self.clock
-        return zip([clock + t for t in part.starts], [clock + t for t in part.ends])
+        return [clock + t for t in part.starts], [clock + t for t in part.ends]
 
 
 def expanded(events: Iterable[Event]) -> Iterator[Event]:

@@ -443,19 +443,18 @@ def _fold_columns(st: _Store, ev: BatchEvent, part: NodeColumns, runs: list[str]
     session, parent, offset, worker = ev.session_id, ev.parent_run_id, ev.offset, ev.worker
     name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
     node_type = "" if cached else part.node_type  # a hit has no start event
-    times = list(ev.times(part))
     records: dict[str, tuple[Any, ...]] = {}
     edges: list[Any] = []
     latest: dict[str, str] = {}
-    for k, i in enumerate(part.items):
-        run_id = runs[i]
+    starts, ends = ev.wall_times(part)
+    for k, (i, started, ended) in enumerate(zip(part.items, starts, ends)):
+        run_id = runs[i]  # every run of the batch has its record (``_start_runs``)
         tid = f"{run_id}:{name}:0"
-        if tid in nodes or run_id not in nodes:
+        if tid in nodes:
             st.put_many(records, edges, latest, new=True)  # keep the order of the events
-            for event in ev.executions(part, times, (k,)):
+            for event in ev.executions(part, list(zip(starts, ends)), (k,)):
                 _handler(type(event))(st, event)
             continue
-        started, ended = times[k]
         records[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
                         node_type, step, started, (ended - started) * 1e3, cached, worker, 1,
                         None, None, None, tags, 0, 0)
