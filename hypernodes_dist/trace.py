@@ -419,15 +419,15 @@ def _start_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
     edges: list[Any] = []
     mid = ""
     for i, run_id in enumerate(runs):
-        at = _At(run_id, "", session, offset + i, parent)
         if parent or run_id in nodes:  # nested runs, or a run seen before: the general case
             st.put_many(records, edges, {}, new=True)
+            at = _At(run_id, "", session, offset + i, parent)
             rec = _ensure_run(st, at, "running", started)  # type: ignore[arg-type]
             if rec[_STATUS] == "pending":
                 _update(st, rec, status="running", started_at=started)
             continue
         if not mid:
-            mid = _map_id(at)  # type: ignore[arg-type]
+            mid = _map_id(_At(run_id, "", session, offset + i, parent))  # type: ignore[arg-type]
             if mid not in nodes:
                 st.put(mid, _record(id=mid, kind="map", session_id=session, status="running"))
         records[run_id] = (run_id, "run", run_id, "", 0, "running", session, offset + i, None,
@@ -471,12 +471,12 @@ def _end_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
     ended = failed = 0
     for i, run_id in enumerate(runs):
         old = nodes[run_id]
-        error = errors.get(i)
+        error = errors.get(i) if errors else None
+        rec = list(old)
+        rec[_STATUS], rec[_ERROR] = ("error" if error else "complete"), _err(error)
         started = old[_STARTED]
-        records[run_id] = old[:_STATUS] + (
-            "error" if error else "complete",) + old[_STATUS + 1:_DURATION] + (
-            duration or (None if started is None else (end - started) * 1e3),
-        ) + old[_DURATION + 1:_ERROR] + (_err(error),) + old[_ERROR + 1:]
+        rec[_DURATION] = duration or (None if started is None else (end - started) * 1e3)
+        records[run_id] = tuple(rec)
         if old[_STATUS] in _OPEN:
             ended += 1
             failed += error is not None
