@@ -126,14 +126,24 @@ def loads_checkpoint(meta: dict[str, Any], payload: bytes) -> Checkpoint:
     )
 
 
+def check_keep(keep: int | None) -> int | None:
+    """``keep``: how many checkpoints of each session a checkpointer keeps (the newest);
+    older ones are deleted as new ones are saved. ``None`` keeps every checkpoint (the
+    history of a long cycle grows by one per step); resuming needs only the latest."""
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"keep must be None or an integer >= 1, got {keep!r}")
+    return keep
+
+
 # ----------------------------------------------------------------------------- memory
 
 
 class MemoryCheckpointer:
     """Checkpoints in this process's memory (stored as copies: later changes to the run's
-    values do not leak into a saved checkpoint)."""
+    values do not leak into a saved checkpoint). ``keep``: see ``check_keep``."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = check_keep(keep)
         self._by_id: dict[str, tuple[dict[str, Any], bytes]] = {}
         self._by_session: dict[str, list[str]] = {}
         self._lock = threading.Lock()
@@ -141,11 +151,14 @@ class MemoryCheckpointer:
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         record = dumps_checkpoint(checkpoint)
         with self._lock:
+            ids = self._by_session.setdefault(checkpoint.session_id, [])
             if checkpoint.checkpoint_id not in self._by_id:
-                self._by_session.setdefault(checkpoint.session_id, []).append(
-                    checkpoint.checkpoint_id
-                )
+                ids.append(checkpoint.checkpoint_id)
             self._by_id[checkpoint.checkpoint_id] = record
+            if self.keep is not None:
+                for old in ids[: -self.keep]:
+                    del self._by_id[old]
+                del ids[: -self.keep]
 
     def load_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
         record = self._by_id.get(checkpoint_id)
@@ -174,10 +187,13 @@ class FileCheckpointer:
     """One JSON file per checkpoint: ``root/<session>/<seq>_<checkpoint_id>.json``.
 
     Each file holds the metadata as JSON fields and the pickled payload (base64) with its
-    digest. Files are written atomically (temporary file + rename).
+    digest. Files are written atomically (temporary file + rename). ``keep``: see
+    ``check_keep``.
     """
 
-    def __init__(self, root: str | os.PathLike[str] = "./checkpoints") -> None:
+    def __init__(self, root: str | os.PathLike[str] = "./checkpoints",
+                 keep: int | None = None) -> None:
+        self.keep = check_keep(keep)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -196,6 +212,9 @@ class FileCheckpointer:
         tmp = target.with_suffix(f".tmp{os.getpid()}_{threading.get_ident()}")
         tmp.write_text(json.dumps(meta), encoding="utf-8")
         os.replace(tmp, target)
+        if self.keep is not None:
+            for old in self._files(checkpoint.session_id)[: -self.keep]:
+                old.unlink(missing_ok=True)
 
     @staticmethod
     def _read(path: Path) -> Checkpoint:
@@ -246,9 +265,12 @@ class SQLiteCheckpointer:
 
     A connection is opened per operation, so the object pickles, and several threads or
     processes may share the file (SQLite's locking, ``timeout`` seconds of waiting).
+    ``keep``: see ``check_keep``.
     """
 
-    def __init__(self, path: str | os.PathLike[str] = "./checkpoints.db", timeout: float = 30.0):
+    def __init__(self, path: str | os.PathLike[str] = "./checkpoints.db", timeout: float = 30.0,
+                 keep: int | None = None):
+        self.keep = check_keep(keep)
         self.path = str(path)
         self.timeout = timeout
         if self.path != ":memory:":
@@ -288,6 +310,12 @@ class SQLiteCheckpointer:
                     (checkpoint.checkpoint_id, checkpoint.session_id, checkpoint.run_id,
                      meta["created_at"], json.dumps(meta), sqlite3.Binary(payload)),
                 )
+                if self.keep is not None:
+                    db.execute(
+                        "DELETE FROM checkpoints WHERE session_id = ? AND seq NOT IN (SELECT seq"
+                        " FROM checkpoints WHERE session_id = ? ORDER BY seq DESC LIMIT ?)",
+                        (checkpoint.session_id, checkpoint.session_id, self.keep),
+                    )
         finally:
             db.close()
 

@@ -78,6 +78,44 @@ def test_backends_round_trip_and_order(checkpointer):
     assert checkpointer.load_latest("other").step_index == 9
 
 
+def _keeping(kind: str, tmp_path: Path, keep: int | None) -> Checkpointer:
+    if kind == "memory":
+        return MemoryCheckpointer(keep=keep)
+    if kind == "file":
+        return FileCheckpointer(tmp_path / "ckpts", keep=keep)
+    return SQLiteCheckpointer(tmp_path / "app.db", keep=keep)
+
+
+@pytest.mark.parametrize("kind", ["memory", "file", "sqlite"])
+def test_keep_prunes_all_but_the_newest_per_session(kind, tmp_path):
+    cp = _keeping(kind, tmp_path, keep=2)
+    for i in range(5):
+        cp.save_checkpoint(_ckpt(f"a{i}", "A", {"x": i}, step=i))
+    cp.save_checkpoint(_ckpt("b0", "B", {"x": 0}))
+    cp.save_checkpoint(_ckpt("a4", "A", {"x": 44}, step=4))  # re-saving the newest keeps it
+    assert [c.checkpoint_id for c in cp.list_checkpoints("A")] == ["a3", "a4"]
+    assert cp.load_latest("A").state == {"x": 44}
+    assert cp.load_checkpoint("a0") is None
+    assert [c.checkpoint_id for c in cp.list_checkpoints("B")] == ["b0"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "file", "sqlite"])
+def test_keep_one_still_resumes_a_conversation(kind, tmp_path):
+    cp = _keeping(kind, tmp_path, keep=1)
+    g = make_graph(checkpointer=cp)
+    assert g.run({"topic": "T"}, session_id="s").interrupted
+    r = g.run(session_id="s", resume=True, inputs={"user_decision": ApprovalResponse("approve")})
+    assert r.status == "complete" and r["final"] == "DRAFT ON T"
+    assert len(cp.list_checkpoints("s")) == 1
+
+
+@pytest.mark.parametrize("keep", [0, -1, 1.5, True, "2"])
+def test_keep_must_be_a_positive_integer(keep, tmp_path):
+    for kind in ("memory", "file", "sqlite"):
+        with pytest.raises(ValueError, match="keep must be"):
+            _keeping(kind, tmp_path, keep=keep)
+
+
 def test_saved_checkpoint_is_a_copy():
     cp = MemoryCheckpointer()
     state = {"xs": [1]}
