@@ -310,26 +310,27 @@ def _on_node_start(st: _Store, ev: NodeStartEvent) -> None:
     st.put(tid, tuple(rec))
 
 
-def _on_node_end(st: _Store, ev: NodeEndEvent) -> None:
+def _ended(st: _Store, ev: NodeEndEvent | NodeErrorEvent, status: str) -> list[Any]:
+    """The execution ``ev`` ends, with its status, start, duration and worker set."""
     rec = list(_execution(st, ev, ev.iteration))
     started = ev.started_at or rec[_STARTED]
     if started is None:
         started = ev.timestamp - ev.duration_ms / 1000.0
-    rec[_STATUS], rec[_CACHED], rec[_DURATION], rec[_STARTED] = (
-        "complete", ev.cached, ev.duration_ms, started)
+    rec[_STATUS], rec[_DURATION], rec[_STARTED] = status, ev.duration_ms, started
     rec[_WORKER] = ev.worker or rec[_WORKER]
+    return rec
+
+
+def _on_node_end(st: _Store, ev: NodeEndEvent) -> None:
+    rec = _ended(st, ev, "complete")
+    rec[_CACHED] = ev.cached
     rec[_ATTEMPTS] = rec[_ATTEMPTS] or 1
     st.put(rec[_ID], tuple(rec))
 
 
 def _on_node_error(st: _Store, ev: NodeErrorEvent) -> None:
-    rec = list(_execution(st, ev, ev.iteration))
-    started = ev.started_at or rec[_STARTED]
-    if started is None:
-        started = ev.timestamp - ev.duration_ms / 1000.0
-    rec[_STATUS], rec[_ERROR], rec[_DURATION], rec[_STARTED] = (
-        "error", _err(ev.error), ev.duration_ms, started)
-    rec[_WORKER] = ev.worker or rec[_WORKER]
+    rec = _ended(st, ev, "error")
+    rec[_ERROR] = _err(ev.error)
     rec[_ATTEMPTS] = max(rec[_ATTEMPTS], ev.attempts, 1)
     st.put(rec[_ID], tuple(rec))
 
