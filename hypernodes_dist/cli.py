@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from hypernodes_dist.cache import SCOPES, DiskCache
 
@@ -32,15 +33,22 @@ def _is_cache_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "cache.db"))
 
 
-def _cache_info(args: argparse.Namespace) -> int:
-    if not _is_cache_dir(args.path):
-        print(f"error: no cache at {args.path!r}", file=sys.stderr)
-        return 2
-    cache = DiskCache(args.path)
+def _with_cache(path: str, action: Callable[[DiskCache], Any]) -> Any:
+    """``action(cache)`` on the cache at ``path`` (closed after); ``None`` if there is none."""
+    if not _is_cache_dir(path):
+        print(f"error: no cache at {path!r}", file=sys.stderr)
+        return None
+    cache = DiskCache(path)
     try:
-        stats = cache.stats()
+        return action(cache)
     finally:
         cache.close()
+
+
+def _cache_info(args: argparse.Namespace) -> int:
+    stats = _with_cache(args.path, DiskCache.stats)
+    if stats is None:
+        return 2
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
@@ -60,14 +68,9 @@ def _cache_info(args: argparse.Namespace) -> int:
 
 
 def _cache_clear(args: argparse.Namespace) -> int:
-    if not _is_cache_dir(args.path):
-        print(f"error: no cache at {args.path!r}", file=sys.stderr)
+    removed = _with_cache(args.path, lambda cache: cache.clear(args.scope))
+    if removed is None:
         return 2
-    cache = DiskCache(args.path)
-    try:
-        removed = cache.clear(args.scope)
-    finally:
-        cache.close()
     what = f"scope {args.scope!r}" if args.scope else "all scopes"
     print(f"removed {removed} entries ({what}) from {args.path}")
     return 0
