@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_local import best_of
+
 from hypernodes_dist import Graph, GraphEngine
 from hypernodes_dist import workloads as W
 
@@ -103,15 +105,6 @@ SETUPS: dict[str, Callable[[], Any]] = {
 
 
 # ------------------------------------------------------------------ measuring
-
-
-def best_of(fn: Callable[[], Any], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def bench_engine(label: str, engine: Any, sizes: list[int], work: int) -> list[dict[str, Any]]:
