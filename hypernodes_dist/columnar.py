@@ -14,8 +14,9 @@ import asyncio
 import inspect
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from itertools import chain, islice, repeat
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice, repeat
+from operator import itemgetter
 from typing import Any
 
 from .batch import HIT, RAN, BatchResult, BatchSettings, Chunk
@@ -527,52 +528,45 @@ class Columnar:
 class _Clock:
     """``perf_counter`` start and end of each call of one node, aligned with its items.
 
-    ``run`` reads the clock at C level: ``zip`` pulls one result from ``map`` (a call), then
-    one reading (that call's end, the next call's start); no Python frame per call. Readings
-    stay in the tuples ``zip`` made; ``starts``/``ends`` join them when asked.
+    ``run`` reads the clock at C level: ``zip`` pulls one call from ``map`` (its value goes
+    straight into ``out``), then one reading (that call's end, the next call's start); no
+    Python frame and no surviving object per call but the reading (a float: untracked by
+    the garbage collector, so a 10^5-item batch does not make every collection slower).
     """
 
-    __slots__ = ("_starts", "_ends")
+    __slots__ = ("starts", "ends")
 
     def __init__(self) -> None:
-        self._starts: list[tuple[float, ...]] = []
-        self._ends: list[tuple[float, ...]] = []
+        self.starts: list[float] = []
+        self.ends: list[float] = []
 
-    def add(self, starts: tuple[float, ...], ends: tuple[float, ...]) -> None:
-        self._starts.append(starts)
-        self._ends.append(ends)
-
-    @property
-    def starts(self) -> tuple[float, ...]:
-        return _joined(self._starts)
-
-    @property
-    def ends(self) -> tuple[float, ...]:
-        return _joined(self._ends)
+    def add(self, starts: Iterable[float], ends: Iterable[float]) -> None:
+        self.starts.extend(starts)
+        self.ends.extend(ends)
 
     def run(self, fn: Callable[..., Any], its: list[Iterator[Any]], out: list[Any]) -> None:
-        timed: list[tuple[Any, float]] = []
+        ends: list[float] = []
         start = time.perf_counter()
         try:
-            timed.extend(zip(map(fn, *its), iter(time.perf_counter, None)))
+            ends.extend(map(_second, zip(map(out.append, map(fn, *its)),
+                                         iter(time.perf_counter, None))))
         except BaseException:
-            last = self._keep(timed, start, out)
+            last = self._keep(ends, start)
             self.add((last,), (time.perf_counter(),))  # the failing call
             raise
-        self._keep(timed, start, out)
+        self._keep(ends, start)
 
-    def _keep(self, timed: list[tuple[Any, float]], start: float, out: list[Any]) -> float:
-        """Keep the finished calls; returns when the last one ended (``start``: none)."""
-        if not timed:
+    def _keep(self, ends: list[float], start: float) -> float:
+        """Keep the finished calls' times; returns when the last one ended (``start``: none)."""
+        if not ends:
             return start
-        values, ends = zip(*timed)
-        out.extend(values)
-        self.add((start, *ends[:-1]), ends)
+        self.starts.append(start)
+        self.starts.extend(islice(ends, len(ends) - 1))
+        self.ends.extend(ends)
         return ends[-1]
 
 
-def _joined(parts: list[tuple[float, ...]]) -> tuple[float, ...]:
-    return parts[0] if len(parts) == 1 else tuple(chain.from_iterable(parts))
+_second = itemgetter(1)
 
 
 _POSITIONAL: weakref.WeakKeyDictionary[HyperNode, Callable[..., Any]] = weakref.WeakKeyDictionary()
