@@ -1,34 +1,41 @@
-"""Tracing overhead: a local map of N items with and without tracing, on two workloads:
-``trivial`` (3 nodes of ~0.1 us: the worst case) and ``10us`` (3 nodes of ~10 us of pure
-Python each, N / 5 items: still far cheaper than any API call).
+"""Tracing overhead: a map of N items with and without tracing, on every engine, on two
+workloads: ``trivial`` (3 nodes of ~0.1 us: the worst case) and ``10us`` (3 nodes of ~10 us
+of pure Python each, N / 5 items: still far cheaper than any API call).
 
-Rows (CPU seconds of this process, and wall seconds, best of 3):
+Rows (wall seconds, best of 3; the local engine also reports CPU seconds):
 - ``no callbacks``: events are not built at all (``want_events`` is False);
 - ``on_batch no-op``: the executor times every call and ships one ``BatchEvent`` per batch
-  (what a Dask/Daft worker sends back) — the core's share of tracing;
-- ``TraceCollector, map``: the map with a collector attached (it keeps the batches);
-- ``TraceCollector, map + read``: the same, then ``collector.trace`` is read (every batch
-  folded into the execution graph: one record per run and per node execution);
-- ``per-event no-op``: a callback with ``on_event`` only: each batch expanded into ~2 events
-  per execution (what callbacks without ``on_batch`` cost).
-``x base`` = row / no callbacks; ``us/exec`` = extra CPU per node execution (N x 3).
-Run: ``.venv/bin/python benchmarks/bench_trace.py [N]``; writes results/trace.json.
+  back to the driver — what tracing costs the workers;
+- ``collector + summary``: a ``TraceCollector``, then ``summary(collector.trace)``;
+- ``collector + timeline``: the same, then the timeline projected and written as HTML;
+- ``collector + records``: the same, then every record of the execution graph built
+  (``len(trace.nodes)``: one vertex per run and per node execution, with edges);
+- ``per-event no-op`` (local only): a callback with ``on_event`` only, so each batch is
+  expanded into ~2 events per execution (what callbacks without ``on_batch`` cost).
+``x base`` = row / no callbacks; ``us/exec`` = extra wall time per node execution.
+Run: ``.venv/bin/python benchmarks/bench_trace.py [N] [--engines local,dask-threads,...]``;
+writes results/trace.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
-import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from bench_engines import SETUPS
 
 from hypernodes_dist import Graph
-from hypernodes_dist.trace import TraceCollector
+from hypernodes_dist.trace import TraceCollector, summary, timeline
 from hypernodes_dist.workloads import CPU, TRIVIAL, calibrate
 
 RESULTS = Path(__file__).parent / "results"
+ENGINES = ["local", "dask-threads", "dask-processes", "daft-native"]
 
 
 class BatchNoop:
@@ -42,6 +49,7 @@ class EventNoop:
 
 
 def measure(fn: Callable[[], object]) -> tuple[float, float]:
+    """Best (cpu, wall) seconds of 3 runs (cpu: this process only)."""
     best = (float("inf"), float("inf"))
     for _ in range(3):
         gc.collect()
@@ -51,44 +59,73 @@ def measure(fn: Callable[[], object]) -> tuple[float, float]:
     return best
 
 
-def run_map(workload: tuple, callback: object | None, read: bool = False) -> None:
+def _html(collector: TraceCollector) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        timeline(collector.trace).to_html(Path(tmp) / "t.html")
+
+
+READS: dict[str, Callable[[TraceCollector], object]] = {
+    "collector + summary": lambda c: summary(c.trace),
+    "collector + timeline": _html,
+    "collector + records": lambda c: len(c.trace.nodes),
+}
+
+
+def traced_map(engine: Any, workload: tuple, callback: object | None,
+               read: Callable[[Any], object] | None = None) -> None:
     nodes, inputs = workload
-    g = Graph(list(nodes), callbacks=[callback] if callback is not None else [])
+    g = Graph(list(nodes), engine=engine, callbacks=[callback] if callback is not None else [])
     g.map(inputs, map_over="x")
-    if read:
-        assert len(callback.trace) > len(inputs["x"]) * 4  # type: ignore[union-attr]
+    if read is not None:
+        read(callback)
 
 
-def table(name: str, workload: tuple) -> dict:
+def table(label: str, engine: Any, name: str, workload: tuple) -> dict[str, Any]:
     n = len(workload[1]["x"])
-    rows = {
-        "no callbacks": measure(lambda: run_map(workload, None)),
-        "on_batch no-op": measure(lambda: run_map(workload, BatchNoop())),
-        "TraceCollector, map": measure(lambda: run_map(workload, TraceCollector())),
-        "TraceCollector, map + read": measure(
-            lambda: run_map(workload, TraceCollector(), read=True)),
-        "per-event no-op": measure(lambda: run_map(workload, EventNoop())),
-    }
-    base_cpu = rows["no callbacks"][0]
+    traced_map(engine, (workload[0], {**workload[1], "x": workload[1]["x"][:10]}), None)  # warm
+
+    def row(make: Callable[[], object | None], read: Any = None) -> tuple[float, float]:
+        return measure(lambda: traced_map(engine, workload, make(), read))
+
+    rows = {"no callbacks": row(lambda: None), "on_batch no-op": row(BatchNoop)}
+    rows.update({what: row(TraceCollector, read) for what, read in READS.items()})
+    if label == "local":
+        rows["per-event no-op"] = row(EventNoop)
+    base = rows["no callbacks"][1]
     execs = n * 3
-    print(f"\n{name}: N={n} items, {execs} node executions")
-    print(f"{'variant':28s} {'cpu s':>8s} {'wall s':>8s} {'x base':>7s} {'us/exec':>8s}")
-    for label, (cpu, wall) in rows.items():
-        print(f"{label:28s} {cpu:8.3f} {wall:8.3f} {cpu / base_cpu:7.2f} "
-              f"{(cpu - base_cpu) / execs * 1e6:8.2f}")
-    return {"n": n, "rows": {k: {"cpu_s": c, "wall_s": w} for k, (c, w) in rows.items()}}
+    print(f"\n{label}, {name}: N={n} items, {execs} node executions")
+    print(f"{'variant':24s} {'wall s':>8s} {'cpu s':>8s} {'x base':>7s} {'us/exec':>8s}")
+    for what, (cpu, wall) in rows.items():
+        cpu_s = f"{cpu:8.3f}" if label == "local" else f"{'-':>8s}"
+        print(f"{what:24s} {wall:8.3f} {cpu_s} {wall / base:7.2f} "
+              f"{(wall - base) / execs * 1e6:8.2f}")
+    return {"engine": label, "workload": name, "n": n,
+            "rows": {k: {"wall_s": w, "cpu_s": c} for k, (c, w) in rows.items()}}
 
 
-def main(n: int) -> dict:
+def main(n: int, engines: list[str]) -> list[dict[str, Any]]:
     workloads = {
         "trivial": (TRIVIAL, {"x": list(range(n)), "y": "y"}),
         "10us": (CPU, {"x": list(range(n // 5)), "work": calibrate(10e-6)}),
     }
-    out = {name: table(name, w) for name, w in workloads.items()}
+    out = []
+    for label in engines:
+        engine = SETUPS[label]()
+        if engine is None:
+            print(f"skipping {label}: plugin not installed")
+            continue
+        try:
+            out.extend(table(label, engine, name, w) for name, w in workloads.items())
+        finally:
+            engine.close()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "trace.json").write_text(json.dumps(out, indent=2))
+    (RESULTS / "trace.json").write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("n", nargs="?", type=int, default=100_000)
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    args = parser.parse_args()
+    main(args.n, args.engines.split(","))

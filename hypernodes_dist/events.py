@@ -20,6 +20,8 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, mul, sub
 from typing import Any
 
 __all__ = [
@@ -232,15 +234,16 @@ class BatchEvent(Event):
                 timestamp=end, duration_ms=(end - start) * 1e3))
         return out
 
-    def executions(self, part: NodeColumns, times: Sequence[tuple[float, float]] | None = None,
-                   which: Iterable[int] | None = None) -> Iterator[Event]:
+    def executions(self, part: NodeColumns, which: Iterable[int] | None = None,
+                   times: tuple[list[float], list[float], list[float]] | None = None,
+                   ) -> Iterator[Event]:
         """Start (not for hits) and end events of ``part``'s executions number ``which``
-        (default: all); ``times`` is ``list(self.times(part))`` when the caller has it."""
+        (default: all); ``times`` is ``self.times(part)`` when the caller has it."""
         session, prefix, offset, parent = self.session_id, self.run_id, self.offset, self.parent_run_id
         name, step, tags, items = part.node_id, part.step_index, part.tags, part.items
-        times = list(self.times(part)) if times is None else times
+        starts, ends, durations = self.times(part) if times is None else times
         for k in range(len(items)) if which is None else which:
-            i, (started, ended) = items[k], times[k]
+            i, started = items[k], starts[k]
             index, outputs = offset + i, {o: col[i] for o, col in part.outputs.items()}
             run_id = f"{prefix}{index}"
             if not part.cached:
@@ -250,20 +253,26 @@ class BatchEvent(Event):
                                      timestamp=started)
             yield NodeEndEvent(
                 session_id=session, run_id=run_id, node_id=name, step_index=step, tags=tags,
-                item_index=index, parent_run_id=parent, timestamp=ended, outputs=outputs,
-                cached=part.cached, duration_ms=(ended - started) * 1e3, started_at=started,
+                item_index=index, parent_run_id=parent, timestamp=ends[k], outputs=outputs,
+                cached=part.cached, duration_ms=durations[k], started_at=started,
                 worker=self.worker)
 
-    def times(self, part: NodeColumns) -> Iterable[tuple[float, float]]:
-        """Wall-clock ``(start, end)`` of each execution of ``part`` (hits: the batch end)."""
-        return zip(*self.wall_times(part))
+    def times(self, part: NodeColumns) -> tuple[list[float], list[float], list[float]]:
+        """``wall_times`` and ``durations`` of ``part``'s executions."""
+        return (*self.wall_times(part), self.durations(part))
 
     def wall_times(self, part: NodeColumns) -> tuple[list[float], list[float]]:
-        """``times`` as two columns: starts and ends."""
+        """Wall-clock start and end of each execution of ``part`` (hits: the batch end)."""
         if part.starts is None or part.ends is None:
             return [self.ended_at] * len(part.items), [self.ended_at] * len(part.items)
         clock = self.clock
-        return [clock + t for t in part.starts], [clock + t for t in part.ends]
+        return list(map(add, part.starts, repeat(clock))), list(map(add, part.ends, repeat(clock)))
+
+    def durations(self, part: NodeColumns) -> list[float]:
+        """Milliseconds each execution of ``part`` took (hits: 0.0), from the clock readings."""
+        if part.starts is None or part.ends is None:
+            return [0.0] * len(part.items)
+        return list(map(mul, map(sub, part.ends, part.starts), repeat(1e3)))
 
 
 def expanded(events: Iterable[Event]) -> Iterator[Event]:

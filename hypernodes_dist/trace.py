@@ -13,6 +13,8 @@ from ``empty()`` always gives an equal trace. The graph it builds has
   ``complete`` | ``error`` | ``interrupted`` | ``skipped``), streaming chunks appended to
   the execution that produced them, gate decisions, attempts, worker and timing.
 
+A plain map batch (``BatchEvent``: top-level runs, node columns only) is kept as columns
+and its records are built when first read; ``summary`` and ``timeline`` read the columns.
 The trace value and its persistence live in ``trace_store``.
 """
 
@@ -100,20 +102,17 @@ def reduce_events(trace: Trace, events: Iterable[Event]) -> Trace:
     if not todo:
         return trace  # events that do not change the graph (state snapshots/deltas...)
     while True:
-        store = trace._data()
+        store = trace._data(fold=False)
         with store.lock:
             if store.version != trace._version or trace._store is not store:
                 continue  # another thread advanced this version meanwhile: fork and retry
-            deaths = store.deaths
-            if deaths:
-                k = len(deaths)
-                del deaths[:k]
-                store.older -= k
-            if not store.older and store.journal:  # no older version alive: drop history
-                store.jbase += len(store.journal)
-                store.journal.clear()
+            store.prune()
             for handler, event in todo:
-                handler(store, event)
+                if handler is _on_batch and _columnar(event):
+                    store.defer(handler, event)  # folded when records are read
+                else:
+                    store.fold_pending()
+                    handler(store, event)
             store.version += len(todo)
             new = Trace(store, store.version, store.jbase + len(store.journal), len(store.edges))
             ref = _Ref(trace, _released)
@@ -152,7 +151,7 @@ class TraceCollector:
             self.trace  # noqa: B018 - fold the buffer
 
     def on_batch(self, event: BatchEvent) -> None:
-        """A map batch in columns: kept as is (a few columns), folded when ``trace`` is read."""
+        """A map batch in columns: kept as is, reduced when ``trace`` is read."""
         self._pending.append(event)
 
 
@@ -413,6 +412,27 @@ def _on_batch(st: _Store, ev: BatchEvent) -> None:
         _end_runs(st, ev, runs)
 
 
+def _columnar(ev: BatchEvent) -> bool:
+    """Can ``ev`` be read as columns: a top-level batch of node executions only, each
+    (node, item) once."""
+    if ev.parent_run_id or not ev.n:
+        return False
+    seen: dict[str, Any] = {}
+    for part in ev.parts:
+        if type(part) is not NodeColumns:
+            return False
+        if part.node_id in seen:
+            items = seen[part.node_id]
+            if not isinstance(items, set):
+                items = seen[part.node_id] = set(items)
+            if not items.isdisjoint(part.items):
+                return False
+            items.update(part.items)
+        else:
+            seen[part.node_id] = part.items
+    return True
+
+
 def _start_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:
     session, parent, offset, started = ev.session_id, ev.parent_run_id, ev.offset, ev.started_at
     nodes = st.nodes
@@ -447,17 +467,17 @@ def _fold_columns(st: _Store, ev: BatchEvent, part: NodeColumns, runs: list[str]
     records: dict[str, tuple[Any, ...]] = {}
     edges: list[Any] = []
     latest: dict[str, str] = {}
-    starts, ends = ev.wall_times(part)
-    for k, (i, started, ended) in enumerate(zip(part.items, starts, ends)):
+    times = ev.times(part)
+    for k, (i, started, duration) in enumerate(zip(part.items, times[0], times[2])):
         run_id = runs[i]  # every run of the batch has its record (``_start_runs``)
         tid = f"{run_id}:{name}:0"
         if tid in nodes:
             st.put_many(records, edges, latest, new=True)  # keep the order of the events
-            for event in ev.executions(part, list(zip(starts, ends)), (k,)):
+            for event in ev.executions(part, (k,), times):
                 _handler(type(event))(st, event)
             continue
         records[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
-                        node_type, step, started, (ended - started) * 1e3, cached, worker, 1,
+                        node_type, step, started, duration, cached, worker, 1,
                         None, None, None, tags, 0, 0)
         edges.append((aux.get(run_id, run_id), tid, "seq"))
         latest[run_id] = tid

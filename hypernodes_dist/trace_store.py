@@ -1,13 +1,19 @@
 """The value behind ``hypernodes_dist.trace``: an immutable ``Trace`` over a shared store.
 
 Persistence at O(1) per event: a trace is a *version* of a shared store (dicts + an edge
-list). The newest version reads the store directly; reducing it updates the store in place
+list, and the map batches not folded yet). The newest version reads the store directly; reducing it updates the store in place
 and records what it overwrote in an undo journal. An older version still alive (held by
 someone) is rebuilt on first use from the store and the journal (Baker's trick), so it
 never sees later events. The journal is dropped as soon as no older version is alive
 (weak references tell), so the usual ``trace = reduce_event(trace, e)`` loop keeps no
 history. One lineage is meant to be reduced by one thread at a time; a lock keeps two
 threads reducing the same version from corrupting the store.
+
+Map batches are folded lazily: a ``BatchEvent`` whose executions can be read as columns
+is kept as is (``_Store.defer``) and folded into records only when something reads the
+records (``nodes``, ``edges``, ``==``, pickling, ``dag``) or an event that needs them
+arrives. ``summary`` and ``timeline`` read such batches as columns (``Trace._columns``),
+so a 10^5-item map is summarised without building 4 x 10^5 records.
 """
 
 from __future__ import annotations
@@ -127,15 +133,19 @@ class Edge(NamedTuple):
 class _Store:
     """The mutable state behind the newest version of one lineage of traces."""
 
-    __slots__ = ("nodes", "edges", "aux", "version", "journal", "jbase", "older", "deaths", "lock")
+    __slots__ = ("nodes", "edges", "aux", "pending", "version", "journal", "jbase", "older",
+                 "deaths", "lock")
 
     def __init__(self, nodes: dict[str, Any], edges: list[Any], aux: dict[Any, Any],
-                 version: int) -> None:
+                 version: int, pending: list[tuple[Any, Any]] | None = None) -> None:
         self.nodes = nodes
         self.edges = edges
         self.aux = aux  # run -> its latest execution id; (run, node) -> that node's latest
+        self.pending = pending or []  # (handler, batch event) deferred, in arrival order
         self.version = version
-        self.journal: list[tuple[int, Any, Any]] = []  # (0 nodes | 1 aux, key, previous value)
+        # (0 nodes | 1 aux, key, previous value) | (_DEFER, None, pending length before)
+        # | (_FOLDED, None, the pending list folded)
+        self.journal: list[tuple[int, Any, Any]] = []
         self.jbase = 0  # global position of journal[0]
         self.older = 0  # older versions still alive that may need the journal
         self.deaths: list[None] = []  # older versions that died since (appended lock-free)
@@ -168,6 +178,52 @@ class _Store:
         records.clear()
         edges.clear()
         latest.clear()
+
+
+    def defer(self, handler: Any, event: Any) -> None:
+        """Keep a batch for a later ``handler(store, event)`` (see ``fold_pending``)."""
+        self.journal.append((_DEFER, None, len(self.pending)))
+        self.pending.append((handler, event))
+
+    def fold_pending(self) -> None:
+        """Fold the deferred batches into records: the same store as folding them at once."""
+        pending = self.pending
+        if pending:
+            self.pending = []
+            for handler, event in pending:
+                handler(self, event)
+            self.journal.append((_FOLDED, None, pending))
+
+    def prune(self) -> None:
+        """Drop the journal when no older version that may need it is alive."""
+        deaths = self.deaths
+        if deaths:
+            k = len(deaths)
+            del deaths[:k]
+            self.older -= k
+        if not self.older and self.journal:
+            self.jbase += len(self.journal)
+            self.journal.clear()
+
+    def undo(self, entries: list[tuple[int, Any, Any]]) -> None:
+        """Undo journal ``entries`` (newest last) on this private copy of a store."""
+        nodes, aux = self.nodes, self.aux
+        for table, key, old in reversed(entries):
+            if table == _DEFER:
+                del self.pending[old:]
+            elif table == _FOLDED:
+                self.pending = list(old)
+            elif old is _ALL_NEW:
+                d = nodes if table == 0 else aux
+                for k in key:
+                    del d[k]
+            elif old is _ABSENT:
+                (nodes if table == 0 else aux).pop(key, None)
+            else:
+                (nodes if table == 0 else aux)[key] = old
+
+
+_DEFER, _FOLDED = 2, 3
 
 
 class _Ref(weakref.ref):  # type: ignore[type-arg]
@@ -211,6 +267,21 @@ class Trace:
     def children(self, node_id: str) -> list[str]:
         return [e[1] for e in self._data().edges if e[0] == node_id]
 
+    def _columns(self) -> tuple[list[tuple[Any, ...]], list[Any]]:
+        """(records, batches) that together are this trace's executions: the records as
+        stored (``TraceNode`` layout) and, after them, deferred batches to read as columns.
+        Batches whose runs overlap each other or a record are folded first."""
+        while True:
+            store = self._data(fold=False)
+            with store.lock:
+                if store.version != self._version:
+                    continue  # superseded meanwhile: this version is now a fork
+                batches = [event for _handler, event in store.pending]
+                if batches and not _disjoint(batches, store.nodes):
+                    self._fold_here(store)
+                    batches = []
+                return list(store.nodes.values()), batches
+
     def of_kind(self, kind: str) -> list[TraceNode]:
         """Vertices of one kind ("node", "run", "map"), in creation order."""
         return [_wrap(TraceNode, r) for r in self._data().nodes.values() if r[1] == kind]
@@ -248,9 +319,25 @@ class Trace:
         return self
 
     # -- versions ------------------------------------------------------------------------
-    def _data(self) -> _Store:
-        store = self._store
-        return store if store.version == self._version else self._fork()
+    def _data(self, fold: bool = True) -> _Store:
+        """This version's store (deferred batches folded unless ``fold`` is False)."""
+        while True:
+            store = self._store
+            if store.version != self._version:
+                store = self._fork()
+            if not (fold and store.pending):
+                return store
+            with store.lock:
+                if store.version == self._version:
+                    self._fold_here(store)
+                    return store
+
+    def _fold_here(self, store: _Store) -> None:
+        """Fold ``store``'s deferred batches: the same content, so the same version, now
+        anchored after the fold in the journal (undoing back to it keeps the records)."""
+        store.fold_pending()
+        self._jpos, self._elen = store.jbase + len(store.journal), len(store.edges)
+        store.prune()
 
     def _fork(self) -> _Store:
         """Rebuild this (older) version as the head of a private store."""
@@ -258,20 +345,12 @@ class Trace:
         with head.lock:
             if head.version == self._version:
                 return head
-            nodes, aux = dict(head.nodes), dict(head.aux)
             start = self._jpos - head.jbase
             if start < 0:  # unreachable: the journal is kept while this version is counted
                 raise RuntimeError("internal error: trace history was released too early")
-            for table, key, old in reversed(head.journal[start:]):
-                d = nodes if table == 0 else aux
-                if old is _ALL_NEW:
-                    for k in key:
-                        del d[k]
-                elif old is _ABSENT:
-                    d.pop(key, None)
-                else:
-                    d[key] = old
-            own = _Store(nodes, head.edges[: self._elen], aux, self._version)
+            own = _Store(dict(head.nodes), head.edges[: self._elen], dict(head.aux),
+                         self._version, list(head.pending))
+            own.undo(head.journal[start:])
             ref = self._ref
             if ref is not None and ref.counted:
                 ref.counted = False
@@ -329,6 +408,16 @@ class _EdgeView(Sequence[Edge]):
 
     def __repr__(self) -> str:
         return f"<trace edges: {len(self)}>"
+
+
+def _disjoint(batches: list[Any], nodes: Mapping[str, Any]) -> bool:
+    """No two ``batches`` share a run, and no run of theirs has a record in ``nodes``."""
+    spans = sorted((b.run_id, b.offset, b.offset + b.n) for b in batches)
+    for (prefix, _a, end), (nxt, start, _b) in zip(spans, spans[1:]):
+        if prefix == nxt and start < end:
+            return False
+    return not nodes or not any(f"{b.run_id}{b.offset + i}" in nodes
+                                for b in batches for i in range(b.n))
 
 
 def _restore(nodes: dict[str, Any], edges: list[Any], aux: dict[Any, Any],

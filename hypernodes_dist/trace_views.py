@@ -12,7 +12,9 @@ import heapq
 import html
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import accumulate, compress, islice, repeat
+from operator import add, gt, itemgetter, le
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +80,9 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 
 def summary(trace: Trace) -> dict[str, NodeStats]:
     """Per graph node: executions, cache hits, errors, retries, p50/p95/max duration."""
+    records, batches = trace._columns()
     acc: dict[str, list[Any]] = {}  # name -> [ran, cached, errors, retries, skipped, durations]
-    for r in trace._data().nodes.values():
+    for r in records:
         if r[_KIND] != "node":
             continue
         a = acc.get(r[_NODE])
@@ -98,6 +101,16 @@ def summary(trace: Trace) -> dict[str, NodeStats]:
                 if r[_DURATION] is not None:
                     a[5].append(r[_DURATION])
         a[3] += max(0, r[15] - 1)  # attempts - 1
+    for event in batches:  # map batches read as columns: complete, one attempt each
+        for part in event.parts:
+            a = acc.get(part.node_id)
+            if a is None:
+                a = acc[part.node_id] = [0, 0, 0, 0, 0, []]
+            if part.cached:
+                a[1] += len(part.items)
+            else:
+                a[0] += len(part.items)
+                a[5].extend(event.durations(part))
     out: dict[str, NodeStats] = {}
     for name, (ran, cached, errors, retries, skipped, durations) in acc.items():
         durations.sort()
@@ -143,16 +156,81 @@ class Span:
     cached: bool
 
 
-@dataclass(frozen=True)
-class Timeline:
-    """Spans sorted by start, on lanes: one per worker, split where executions overlap."""
+class _Executions:
+    """Finished executions as parallel columns. A batch's executions keep their run-id
+    prefix (``prefix``, with ``run`` None) until ``Span``s are built."""
 
-    spans: tuple[Span, ...]
-    lanes: tuple[str, ...]
-    nodes: tuple[str, ...]  # graph node names, first-seen order (colours)
-    t0: float = 0.0
-    t1: float = 0.0
-    workers: tuple[str, ...] = field(default=())
+    __slots__ = ("node", "run", "prefix", "item", "iteration", "worker", "start", "end",
+                 "status", "cached")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, [])
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def add_record(self, r: tuple[Any, ...]) -> None:
+        start = r[_STARTED]
+        for column, value in zip(self._columns(), (
+                r[_NODE], r[_RUN], None, r[_ITEM], r[_ITER], r[_WORKER] or "driver", start,
+                start + (r[_DURATION] or 0.0) / 1000.0, r[_STATUS], bool(r[_CACHED]))):
+            column.append(value)
+
+    def add_columns(self, event: Any, part: Any) -> None:
+        """``part``'s executions (node columns of map batch ``event``)."""
+        n = len(part.items)
+        starts, ends = event.wall_times(part)
+        self.node.extend(repeat(part.node_id, n))
+        self.run.extend(repeat(None, n))
+        self.prefix.extend(repeat(event.run_id, n))
+        self.item.extend(map(add, part.items, repeat(event.offset)))
+        self.iteration.extend(repeat(0, n))
+        self.worker.extend(repeat(event.worker or "driver", n))
+        self.start.extend(starts)
+        self.end.extend(ends)
+        self.status.extend(repeat("complete", n))
+        self.cached.extend(repeat(part.cached, n))
+
+    def _columns(self) -> list[list[Any]]:
+        return [getattr(self, name) for name in self.__slots__]
+
+    def sort_by_start(self) -> None:
+        """Order every column by start (stable)."""
+        start = self.start
+        if all(map(le, start, islice(start, 1, None))):
+            return
+        order = sorted(range(len(start)), key=start.__getitem__)
+        for name in self.__slots__:
+            setattr(self, name, _pick(order, getattr(self, name)))
+
+    def runs(self) -> list[str]:
+        return [run if run is not None else f"{prefix}{item}"
+                for run, prefix, item in zip(self.run, self.prefix, self.item)]
+
+
+class Timeline:
+    """Executions sorted by start, on lanes: one per worker, split where executions
+    overlap. Stored as columns; ``spans`` builds the ``Span`` objects on first use."""
+
+    def __init__(self, ex: _Executions, lane: list[int], lanes: tuple[str, ...],
+                 nodes: tuple[str, ...], workers: tuple[str, ...]) -> None:
+        self._ex, self._lane = ex, lane
+        self.lanes, self.nodes, self.workers = lanes, nodes, workers
+        self.t0 = ex.start[0] if ex.start else 0.0
+        self.t1 = max(ex.end, default=self.t0)
+        self._spans: tuple[Span, ...] | None = None
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        if self._spans is None:
+            ex = self._ex
+            self._spans = tuple(map(Span, ex.node, ex.runs(), ex.item, ex.iteration, ex.worker,
+                                    self._lane, ex.start, ex.end, ex.status, ex.cached))
+        return self._spans
+
+    def __len__(self) -> int:
+        return len(self._ex)
 
     @property
     def duration(self) -> float:
@@ -168,40 +246,62 @@ class Timeline:
                 stats: dict[str, NodeStats] | None = None) -> Path:
         return _render_html(self, Path(path), title, stats)
 
+    def __repr__(self) -> str:
+        return (f"Timeline({len(self)} executions, {len(self.lanes)} lanes, "
+                f"{self.duration:.3f} s)")
+
 
 def timeline(trace: Trace, *, max_lanes_per_worker: int = 32) -> Timeline:
     """Start/end of every finished execution, with its worker and a drawing lane."""
-    raw = [r for r in trace._data().nodes.values()
-           if r[_KIND] == "node" and r[_STARTED] is not None and r[_STATUS] in _FINISHED]
-    raw.sort(key=lambda r: r[_STARTED])
-    names: dict[str, None] = {}
-    by_worker: dict[str, list[tuple[Any, ...]]] = {}
-    for r in raw:
-        names.setdefault(r[_NODE])
-        by_worker.setdefault(r[_WORKER] or "driver", []).append(r)
-    spans: list[Span] = []
+    records, batches = trace._columns()
+    ex = _Executions()
+    for r in records:
+        if r[_KIND] == "node" and r[_STARTED] is not None and r[_STATUS] in _FINISHED:
+            ex.add_record(r)
+    for event in batches:
+        for part in event.parts:
+            ex.add_columns(event, part)
+    ex.sort_by_start()
+    by_worker: dict[str, list[int]] = {}
+    for k, worker in enumerate(ex.worker):
+        by_worker.setdefault(worker, []).append(k)
+    lane = [0] * len(ex.start)
     lanes: list[str] = []
     for worker in sorted(by_worker):
-        base = len(lanes)
-        free: list[tuple[float, int]] = []  # (end, sub-lane) of every sub-lane in use
-        used = 0
-        for r in by_worker[worker]:
-            start = r[_STARTED]
-            end = start + (r[_DURATION] or 0.0) / 1000.0
-            if free and free[0][0] <= start:
-                sub = heapq.heappop(free)[1]
-            elif used < max_lanes_per_worker:
-                sub, used = used, used + 1
-            else:  # too many overlapping: share the lane that frees first
-                sub = heapq.heappop(free)[1]
-            heapq.heappush(free, (max(end, start), sub))
-            spans.append(Span(r[_NODE], r[_RUN], r[_ITEM], r[_ITER], worker, base + sub, start,
-                              end, r[_STATUS], bool(r[_CACHED])))
+        used = _assign_lanes(by_worker[worker], ex.start, ex.end, lane, len(lanes),
+                             max_lanes_per_worker)
         lanes.extend(worker if used == 1 else f"{worker} #{i}" for i in range(used))
-    spans.sort(key=lambda s: s.start)
-    t0 = spans[0].start if spans else 0.0
-    t1 = max((s.end for s in spans), default=t0)
-    return Timeline(tuple(spans), tuple(lanes), tuple(names), t0, t1, tuple(sorted(by_worker)))
+    return Timeline(ex, lane, tuple(lanes), tuple(dict.fromkeys(ex.node)), tuple(sorted(by_worker)))
+
+
+_TOUCH = 1e-6
+
+
+def _assign_lanes(which: list[int], starts: list[float], ends: list[float], lane: list[int],
+                  base: int, most: int) -> int:
+    """Put executions ``which`` (sorted by start) of one worker on lanes ``base..``: an
+    execution takes the lane that freed first, or a new one while fewer than ``most``.
+    Returns how many lanes were used. Overlaps under ``_TOUCH`` are rounding, not
+    concurrency (wall-clock seconds near 1.8e9 are floats spaced ~0.24 us apart)."""
+    first = [starts[k] for k in which]
+    last = list(accumulate((ends[k] for k in which), max))
+    if all(map(le, last, map(add, islice(first, 1, None), repeat(_TOUCH)))):  # in turn
+        for k in which:
+            lane[k] = base
+        return 1
+    free: list[tuple[float, int]] = []  # (end, sub-lane) of every sub-lane in use
+    used = 0
+    for k in which:
+        start = starts[k]
+        if free and free[0][0] <= start + _TOUCH:
+            sub = heapq.heappop(free)[1]
+        elif used < most:
+            sub, used = used, used + 1
+        else:  # too many overlapping: share the lane that frees first
+            sub = heapq.heappop(free)[1]
+        heapq.heappush(free, (max(ends[k], start), sub))
+        lane[k] = base + sub
+    return used
 
 
 def write_timeline(trace: Trace, png: str | Path | None = None, html_path: str | Path | None = None,
@@ -225,31 +325,48 @@ def _colors(tl: Timeline) -> dict[str, str]:
 
 
 def _blocks(tl: Timeline, resolution: float) -> list[tuple[int, str, str, float, float, int]]:
-    """Spans merged per (lane, node, class) where closer than ``resolution`` seconds.
+    """Executions merged per (lane, node, class) where closer than ``resolution`` seconds.
 
     Returns ``(lane, node, class, start, end, count)`` with class ``ran|cached|error``.
     """
-    groups: dict[tuple[int, str, str], list[Span]] = {}
-    for s in tl.spans:
-        cls = "error" if s.status == "error" else ("cached" if s.cached else "ran")
-        groups.setdefault((s.lane, s.node_id, cls), []).append(s)
+    ex = tl._ex
     out = []
-    for (lane, node, cls), spans in groups.items():
-        cur_start, cur_end, count = spans[0].start, spans[0].end, 0
-        for s in spans:  # already sorted by start
-            if s.start <= cur_end + resolution:
-                cur_end = max(cur_end, s.end)
-                count += 1
-            else:
-                out.append((lane, node, cls, cur_start, cur_end, count))
-                cur_start, cur_end, count = s.start, s.end, 1
-        out.append((lane, node, cls, cur_start, cur_end, count))
+    for (lane, node, cls), which in _groups(tl).items():
+        starts, ends = _pick(which, ex.start), _pick(which, ex.end)  # sorted by start
+        reach = list(accumulate(ends, max))  # the furthest end so far
+        # a block ends before execution j when j starts beyond the block's reach + resolution
+        cuts = list(compress(range(1, len(starts)), map(
+            gt, islice(starts, 1, None), map(add, reach, repeat(resolution)))))
+        for a, b in zip([0, *cuts], [*cuts, len(starts)]):
+            out.append((lane, node, cls, starts[a], reach[b - 1], b - a))
     return out
+
+
+def _groups(tl: Timeline) -> dict[tuple[int, str, str], list[int]]:
+    """Positions of the executions of each (lane, node, class), in start order."""
+    ex = tl._ex
+    groups: dict[tuple[int, str, str], list[int]] = {}
+    for k, key in enumerate(zip(tl._lane, ex.node, map(_class, ex.status, ex.cached))):
+        found = groups.get(key)
+        if found is None:
+            groups[key] = [k]
+        else:
+            found.append(k)
+    return groups
+
+
+def _class(status: str, cached: bool) -> str:
+    return "error" if status == "error" else ("cached" if cached else "ran")
+
+
+def _pick(which: list[int], column: list[Any]) -> list[Any]:
+    """``[column[k] for k in which]`` at C speed."""
+    return list(itemgetter(*which)(column)) if len(which) > 1 else [column[k] for k in which]
 
 
 def _title(tl: Timeline, title: str | None) -> str:
     head = title or "hypernodes-dist timeline"
-    return (f"{head}: {len(tl.spans)} executions, {len(tl.workers)} worker(s), "
+    return (f"{head}: {len(tl)} executions, {len(tl.workers)} worker(s), "
             f"{tl.duration:.3f} s")
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hypernodes_dist import DiskCache, Graph, GraphEngine
-from hypernodes_dist.events import BatchEvent, NodeEndEvent, NodeStartEvent, expanded
-from hypernodes_dist.trace import TraceCollector, empty, reduce_events, summary
+from hypernodes_dist.events import BatchEvent, NodeEndEvent, NodeStartEvent, RunEndEvent, expanded
+from hypernodes_dist.trace import TraceCollector, empty, reduce_events, summary, timeline
 from tests.conformance.graphs import BRANCH, double, fmt, fragile, inc
 from tests.conformance.nested_graphs import OUTER
 
@@ -108,3 +108,69 @@ def test_an_older_trace_is_unchanged_by_folding_later_batches():
     assert older == reduce_events(empty(), [first])  # rebuilt from the undo journal
     assert len(newer) > len(older)
     assert newer == reduce_events(empty(), list(expanded([first, second])))
+
+
+# -- projections read deferred batches as columns --------------------------------------------
+
+
+def _batches(case: str, tmp_path) -> list[BatchEvent]:
+    nodes, inputs, options = _map(case, tmp_path)
+    cache = options.pop("cache", None)
+    over = next(iter(inputs))
+    if cache is not None:  # half the items are hits: a node reports a hit and a ran part
+        Graph(nodes, cache=cache).map({over: inputs[over][::2]}, map_over=over)
+    blocks = Blocks()
+    Graph(nodes, cache=cache, callbacks=[blocks], engine=GraphEngine(batch_size=3)).map(
+        inputs, map_over=over, **options)
+    return blocks.batches
+
+
+def _spans(trace) -> tuple[list[tuple], list[float]]:
+    """The timeline's spans, and apart their ends (records keep start + duration: equal
+    to the microsecond)."""
+    spans = timeline(trace).spans
+    return ([(s.node_id, s.run_id, s.item_index, s.iteration, s.worker, s.lane, s.start,
+              s.status, s.cached) for s in spans], [s.end for s in spans])
+
+
+@pytest.mark.parametrize("case", ["chain", "errors", "branch", "nested", "cached"])
+def test_summary_and_timeline_of_batches_equal_those_of_their_events(tmp_path, case):
+    batches = _batches(case, tmp_path)
+    folded = reduce_events(empty(), batches)
+    per_event = reduce_events(empty(), list(expanded(batches)))
+    assert summary(folded) == summary(per_event)
+    (spans, ends), (expected, expected_ends) = _spans(folded), _spans(per_event)
+    assert spans == expected and ends == pytest.approx(expected_ends, abs=1e-6, rel=0)
+    assert folded == per_event  # reading the records folds the rest: the same trace
+
+
+def test_a_plain_map_is_summarised_without_building_its_records(tmp_path):
+    batches = _batches("cached", tmp_path)
+    trace = reduce_events(empty(), batches)
+    stats = summary(trace)
+    assert stats["inc"].cached + stats["inc"].ran == 4 and stats["inc"].cached >= 1
+    assert len(timeline(trace).spans) == 12
+    assert not trace._data(fold=False).nodes  # still columns
+    assert len(trace) > 12  # records on demand
+
+
+def test_batches_reporting_the_same_runs_twice_fold_like_their_events(tmp_path):
+    first = _batches("chain", tmp_path)[0]
+    twice = reduce_events(empty(), [first, first])
+    per_event = reduce_events(empty(), list(expanded([first, first])))
+    assert summary(twice) == summary(per_event)
+    assert twice == per_event
+    assert {e.attempts for e in twice.executions()} == {2}  # each execution started twice
+
+
+def test_versions_around_a_fold_on_read_keep_their_content(tmp_path):
+    first, second, *_ = _batches("chain", tmp_path)
+    one = reduce_events(empty(), [first])
+    two = reduce_events(one, [second])
+    assert len(two) > 0  # folds ``two``'s batches in place
+    run_end = RunEndEvent(run_id="other", session_id="s", status="complete")
+    three = reduce_events(two, [run_end])
+    assert one == reduce_events(empty(), list(expanded([first])))
+    assert two == reduce_events(empty(), list(expanded([first, second])))
+    assert three == reduce_events(empty(), [*expanded([first, second]), run_end])
+    assert summary(one)["inc"].executions == len(first.parts[0].items)
