@@ -2,7 +2,8 @@
 workloads: ``trivial`` (3 nodes of ~0.1 us: the worst case) and ``10us`` (3 nodes of ~10 us
 of pure Python each, N / 5 items: still far cheaper than any API call).
 
-Rows (wall seconds, best of 3; the local engine also reports CPU seconds):
+Rows (wall seconds, best of 5 rounds in which the variants take turns; the local engine
+also reports CPU seconds):
 - ``no callbacks``: events are not built at all (``want_events`` is False);
 - ``on_batch no-op``: the executor times every call and ships one ``BatchEvent`` per batch
   back to the driver — what tracing costs the workers;
@@ -48,14 +49,17 @@ class EventNoop:
         pass
 
 
-def measure(fn: Callable[[], object]) -> tuple[float, float]:
-    """Best (cpu, wall) seconds of 3 runs (cpu: this process only)."""
-    best = (float("inf"), float("inf"))
-    for _ in range(3):
-        gc.collect()
-        c0, w0 = time.process_time(), time.perf_counter()
-        fn()
-        best = min(best, (time.process_time() - c0, time.perf_counter() - w0))
+def measure(variants: dict[str, Callable[[], object]], rounds: int = 5
+            ) -> dict[str, tuple[float, float]]:
+    """Best (cpu, wall) seconds of each variant over ``rounds`` rounds (cpu: this process
+    only). Variants take turns within a round, so drifting machine load hits them alike."""
+    best = {name: (float("inf"), float("inf")) for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            gc.collect()
+            c0, w0 = time.process_time(), time.perf_counter()
+            fn()
+            best[name] = min(best[name], (time.process_time() - c0, time.perf_counter() - w0))
     return best
 
 
@@ -84,13 +88,14 @@ def table(label: str, engine: Any, name: str, workload: tuple) -> dict[str, Any]
     n = len(workload[1]["x"])
     traced_map(engine, (workload[0], {**workload[1], "x": workload[1]["x"][:10]}), None)  # warm
 
-    def row(make: Callable[[], object | None], read: Any = None) -> tuple[float, float]:
-        return measure(lambda: traced_map(engine, workload, make(), read))
+    def row(make: Callable[[], object | None], read: Any = None) -> Callable[[], None]:
+        return lambda: traced_map(engine, workload, make(), read)
 
-    rows = {"no callbacks": row(lambda: None), "on_batch no-op": row(BatchNoop)}
-    rows.update({what: row(TraceCollector, read) for what, read in READS.items()})
+    variants = {"no callbacks": row(lambda: None), "on_batch no-op": row(BatchNoop)}
+    variants.update({what: row(TraceCollector, read) for what, read in READS.items()})
     if label == "local":
-        rows["per-event no-op"] = row(EventNoop)
+        variants["per-event no-op"] = row(EventNoop)
+    rows = measure(variants)
     base = rows["no callbacks"][1]
     execs = n * 3
     print(f"\n{label}, {name}: N={n} items, {execs} node executions")

@@ -305,8 +305,9 @@ class Trace:
         return len(self._data().nodes)
 
     def __repr__(self) -> str:
-        d = self._data()
-        return f"Trace(version={self._version}, nodes={len(d.nodes)}, edges={len(d.edges)})"
+        d = self._data(fold=False)  # a repr never builds records
+        folded = f"Trace(version={self._version}, nodes={len(d.nodes)}, edges={len(d.edges)}"
+        return folded + (f", map batches not folded yet={len(d.pending)})" if d.pending else ")")
 
     def __reduce__(self) -> tuple[Any, ...]:
         d = self._data()
