@@ -15,7 +15,7 @@ import inspect
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice, repeat
+from itertools import islice, repeat, starmap
 from operator import itemgetter
 from typing import Any
 
@@ -194,7 +194,10 @@ class Columnar:
         if hits:
             self._store(node, hits, HIT)
         failed = self.failed
-        todo = [i for i in need if i not in failed and (not hits or i not in hits)]
+        if failed or hits:
+            todo = [i for i in need if i not in failed and (not hits or i not in hits)]
+        else:
+            todo = list(need)
         if self.plan.static:
             return todo
         for p in node.params:
@@ -549,7 +552,7 @@ class _Clock:
         start = time.perf_counter()
         try:
             ends.extend(map(_second, zip(map(out.append, map(fn, *its)),
-                                         iter(time.perf_counter, None))))
+                                         starmap(time.perf_counter, repeat(())))))
         except BaseException:
             last = self._keep(ends, start)
             self.add((last,), (time.perf_counter(),))  # the failing call
