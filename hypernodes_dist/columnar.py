@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice, repeat, starmap
 from operator import itemgetter
@@ -185,7 +186,7 @@ class Columnar:
         found = self.cache.get_many(wanted)
         return {i: found[k] for i, k in zip(items, wanted) if k in found}
 
-    def _todo(self, node: HyperNode, hits: dict[int, Any] | None) -> list[int]:
+    def _todo(self, node: HyperNode, hits: dict[int, Any] | None) -> Sequence[int]:
         """Items that must execute ``node``: needed, not failed, activated if it is a target,
         and holding every produced input it has no default for."""
         need: Sequence[int] = range(self.n) if self.need is None else self.need[node.name]
@@ -194,10 +195,9 @@ class Columnar:
         if hits:
             self._store(node, hits, HIT)
         failed = self.failed
+        todo: Sequence[int] = need  # a range while every item takes part: no int per item
         if failed or hits:
             todo = [i for i in need if i not in failed and (not hits or i not in hits)]
-        else:
-            todo = list(need)
         if self.plan.static:
             return todo
         for p in node.params:
@@ -207,7 +207,7 @@ class Columnar:
         return todo
 
     # -- execution -----------------------------------------------------------------------
-    async def _execute(self, node: HyperNode, todo: list[int]) -> None:
+    async def _execute(self, node: HyperNode, todo: Sequence[int]) -> None:
         keys = self.keys
         if keys is not None and keys.cacheable(node) and node.name not in self.node_keys:
             self.node_keys[node.name] = self._current_keys(node)
@@ -322,7 +322,7 @@ class Columnar:
             decided[i] = value
         return decided
 
-    def _args(self, node: HyperNode, todo: list[int]) -> list[Iterator[Any]]:
+    def _args(self, node: HyperNode, todo: Sequence[int]) -> list[Iterator[Any]]:
         full = len(todo) == self.n
         count = len(todo)
         its = []
@@ -341,7 +341,7 @@ class Columnar:
             its.append(repeat(None, count))
         return its
 
-    async def _call(self, node: HyperNode, todo: list[int], persist: Persist | None) -> list[Any]:
+    async def _call(self, node: HyperNode, todo: Sequence[int], persist: Persist | None) -> list[Any]:
         if not todo:
             return []
         fn = _positional(node)
@@ -374,7 +374,7 @@ class Columnar:
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
-             todo: list[int], out: list[Any], clock: _Clock | None = None) -> list[Any]:
+             todo: Sequence[int], out: list[Any], clock: _Clock | None = None) -> list[Any]:
         """Call ``fn`` over the argument iterators into ``out``; a failing call marks its item
         and the loop resumes after it (C-level ``map``: no per-item Python overhead)."""
         while True:
@@ -388,7 +388,7 @@ class Columnar:
                 self._record_failure(node, todo[len(out)], exc)
                 out.append(MISSING)
 
-    async def _call_async(self, node: HyperNode, todo: list[int], guard: Any = None,
+    async def _call_async(self, node: HyperNode, todo: Sequence[int], guard: Any = None,
                           persist: Persist | None = None) -> list[Any]:
         its = self._args(node, todo)
         limit = self.settings.concurrency or len(todo)
@@ -423,7 +423,7 @@ class Columnar:
         return self._gathered(node, todo, [
             r if isinstance(r, BaseException) else r[0] for r in results])
 
-    def _gathered(self, node: HyperNode, todo: list[int], results: list[Any]) -> list[Any]:
+    def _gathered(self, node: HyperNode, todo: Sequence[int], results: list[Any]) -> list[Any]:
         """``gather`` results -> values, failures recorded per item (MISSING in their place)."""
         out = []
         for i, r in zip(todo, results):
@@ -436,7 +436,7 @@ class Columnar:
                 out.append(r)
         return out
 
-    def _nesting(self, fn: Callable[..., Any], todo: list[int], clock: _Clock) -> Callable[..., Any]:
+    def _nesting(self, fn: Callable[..., Any], todo: Sequence[int], clock: _Clock) -> Callable[..., Any]:
         """``fn`` timed into ``clock``, each call's inner runs reporting to this batch's
         events as children of the item's run."""
         positions = iter(todo)
@@ -533,22 +533,22 @@ class _Clock:
 
     ``run`` reads the clock at C level: ``zip`` pulls one call from ``map`` (its value goes
     straight into ``out``), then one reading (that call's end, the next call's start); no
-    Python frame and no surviving object per call but the reading (a float: untracked by
-    the garbage collector, so a 10^5-item batch does not make every collection slower).
+    Python frame and no object per call survives. Readings are kept as arrays of doubles
+    (8 bytes each, untracked by the garbage collector, pickled as one block of bytes).
     """
 
     __slots__ = ("starts", "ends")
 
     def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
+        self.starts = array("d")
+        self.ends = array("d")
 
     def add(self, starts: Iterable[float], ends: Iterable[float]) -> None:
         self.starts.extend(starts)
         self.ends.extend(ends)
 
     def run(self, fn: Callable[..., Any], its: list[Iterator[Any]], out: list[Any]) -> None:
-        ends: list[float] = []
+        ends = array("d")
         start = time.perf_counter()
         try:
             ends.extend(map(_second, zip(map(out.append, map(fn, *its)),
@@ -559,12 +559,12 @@ class _Clock:
             raise
         self._keep(ends, start)
 
-    def _keep(self, ends: list[float], start: float) -> float:
+    def _keep(self, ends: array[float], start: float) -> float:
         """Keep the finished calls' times; returns when the last one ended (``start``: none)."""
         if not ends:
             return start
         self.starts.append(start)
-        self.starts.extend(islice(ends, len(ends) - 1))
+        self.starts.extend(ends[:-1])
         self.ends.extend(ends)
         return ends[-1]
 

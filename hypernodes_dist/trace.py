@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from .events import (
@@ -108,8 +109,8 @@ def reduce_events(trace: Trace, events: Iterable[Event]) -> Trace:
                 continue  # another thread advanced this version meanwhile: fork and retry
             store.prune()
             for handler, event in todo:
-                if handler is _on_batch and _columnar(event):
-                    store.defer(handler, event)  # folded when records are read
+                if handler is _on_batch and _columnar(event):  # folded when records are read
+                    store.defer(handler, _without_outputs(event))
                 else:
                     store.fold_pending()
                     handler(store, event)
@@ -151,8 +152,8 @@ class TraceCollector:
             self.trace  # noqa: B018 - fold the buffer
 
     def on_batch(self, event: BatchEvent) -> None:
-        """A map batch in columns: kept as is, reduced when ``trace`` is read."""
-        self._pending.append(event)
+        """A map batch in columns: kept (without its values), reduced when ``trace`` is read."""
+        self._pending.append(_without_outputs(event))
 
 
 # -- handlers (mutate the head store; only ever called by reduce_events) -------------------
@@ -431,6 +432,12 @@ def _columnar(ev: BatchEvent) -> bool:
         else:
             seen[part.node_id] = part.items
     return True
+
+
+def _without_outputs(ev: BatchEvent) -> BatchEvent:
+    """``ev`` without its output columns: a trace keeps no values (nor keeps them alive)."""
+    return replace(ev, parts=[replace(part, outputs={}) if type(part) is NodeColumns else part
+                              for part in ev.parts])
 
 
 def _start_runs(st: _Store, ev: BatchEvent, runs: list[str]) -> None:

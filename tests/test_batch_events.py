@@ -3,9 +3,12 @@ per-item events as before, and the trace folds a batch to the same graph as its 
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
-from hypernodes_dist import DiskCache, Graph, GraphEngine
+from hypernodes_dist import DiskCache, Graph, GraphEngine, node
 from hypernodes_dist.events import BatchEvent, NodeEndEvent, NodeStartEvent, RunEndEvent, expanded
 from hypernodes_dist.trace import TraceCollector, empty, reduce_events, summary, timeline
 from tests.conformance.graphs import BRANCH, double, fmt, fragile, inc
@@ -174,3 +177,23 @@ def test_versions_around_a_fold_on_read_keep_their_content(tmp_path):
     assert two == reduce_events(empty(), list(expanded([first, second])))
     assert three == reduce_events(empty(), [*expanded([first, second]), run_end])
     assert summary(one)["inc"].executions == len(first.parts[0].items)
+
+
+class Payload:
+    """A node output that can be watched for garbage collection."""
+
+
+@node(output_name="payload")
+def make_payload(x: int) -> Payload:
+    return Payload()
+
+
+def test_a_collected_trace_does_not_keep_node_outputs_alive():
+    collector = TraceCollector()
+    res = Graph([make_payload], callbacks=[collector]).map({"x": list(range(50))}, map_over="x")
+    watched = [weakref.ref(r["payload"]) for r in res]
+    del res
+    gc.collect()
+    assert not any(ref() is not None for ref in watched)
+    assert summary(collector.trace)["make_payload"].executions == 50
+    assert len(collector.trace.executions()) == 50
