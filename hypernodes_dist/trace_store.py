@@ -1,13 +1,14 @@
 """The value behind ``hypernodes_dist.trace``: an immutable ``Trace`` over a shared store.
 
-Persistence at O(1) per event: a trace is a *version* of a shared store (dicts + an edge
-list, and the map batches not folded yet). The newest version reads the store directly; reducing it updates the store in place
-and records what it overwrote in an undo journal. An older version still alive (held by
-someone) is rebuilt on first use from the store and the journal (Baker's trick), so it
-never sees later events. The journal is dropped as soon as no older version is alive
-(weak references tell), so the usual ``trace = reduce_event(trace, e)`` loop keeps no
-history. One lineage is meant to be reduced by one thread at a time; a lock keeps two
-threads reducing the same version from corrupting the store.
+Persistence at O(1) per event: a trace is a *version* of a shared store (dicts, an edge
+list and the map batches not folded yet). The newest version reads the store directly;
+reducing it updates the store in place and records what it overwrote in an undo journal.
+An older version still alive (held by someone) is rebuilt on first use from the store and
+the journal (Baker's trick), so it never sees later events. The journal is dropped as
+soon as no older version is alive (weak references tell), so the usual
+``trace = reduce_event(trace, e)`` loop keeps no history. One lineage is meant to be
+reduced by one thread at a time; a lock keeps two threads reducing the same version from
+corrupting the store.
 
 Map batches are folded lazily: a ``BatchEvent`` whose executions can be read as columns
 is kept as is (``_Store.defer``) and folded into records only when something reads the
@@ -178,7 +179,6 @@ class _Store:
         records.clear()
         edges.clear()
         latest.clear()
-
 
     def defer(self, handler: Any, event: Any) -> None:
         """Keep a batch for a later ``handler(store, event)`` (see ``fold_pending``)."""

@@ -172,7 +172,7 @@ class _Executions:
 
     def add_record(self, r: tuple[Any, ...]) -> None:
         start = r[_STARTED]
-        for column, value in zip(self._columns(), (
+        for column, value in zip(self._all(), (
                 r[_NODE], r[_RUN], None, r[_ITEM], r[_ITER], r[_WORKER] or "driver", start,
                 start + (r[_DURATION] or 0.0) / 1000.0, r[_STATUS], bool(r[_CACHED]))):
             column.append(value)
@@ -192,7 +192,7 @@ class _Executions:
         self.status.extend(repeat("complete", n))
         self.cached.extend(repeat(part.cached, n))
 
-    def _columns(self) -> list[list[Any]]:
+    def _all(self) -> list[list[Any]]:
         return [getattr(self, name) for name in self.__slots__]
 
     def sort_by_start(self) -> None:
@@ -283,8 +283,8 @@ def _assign_lanes(which: list[int], starts: list[float], ends: list[float], lane
     execution takes the lane that freed first, or a new one while fewer than ``most``.
     Returns how many lanes were used. Overlaps under ``_TOUCH`` are rounding, not
     concurrency (wall-clock seconds near 1.8e9 are floats spaced ~0.24 us apart)."""
-    first = [starts[k] for k in which]
-    last = list(accumulate((ends[k] for k in which), max))
+    first = _pick(which, starts)
+    last = list(accumulate(_pick(which, ends), max))
     if all(map(le, last, map(add, islice(first, 1, None), repeat(_TOUCH)))):  # in turn
         for k in which:
             lane[k] = base
