@@ -436,6 +436,8 @@ def _columnar(ev: BatchEvent) -> bool:
 
 def _without_outputs(ev: BatchEvent) -> BatchEvent:
     """``ev`` without its output columns: a trace keeps no values (nor keeps them alive)."""
+    if not any(type(part) is NodeColumns and part.outputs for part in ev.parts):
+        return ev  # nothing to drop (already dropped by the collector)
     return replace(ev, parts=[replace(part, outputs={}) if type(part) is NodeColumns else part
                               for part in ev.parts])
 
