@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check hypernodes_dist engines tests benchmarks examples
+	$(VENV)/bin/ruff check hypernodes_dist hypernodes_bench engines tests benchmarks examples
 
 bench: $(STAMP)
 	$(VENV)/bin/hypernodes-dist bench --engines local,dask,daft --items 1000,100000

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from bench_local import plain_loop, print_table
 
+from hypernodes_bench.workloads import double, fmt, inc
 from hypernodes_dist import DiskCache, Graph
-from hypernodes_dist.workloads import double, fmt, inc
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from hypernodes_dist.cache import DiskCache  # noqa: E402
-from hypernodes_dist.hashing import hash_value  # noqa: E402
+from hypernodes_dist.cache.disk import DiskCache  # noqa: E402
+from hypernodes_dist.cache.hashing import hash_value  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "cache_store.json"
 

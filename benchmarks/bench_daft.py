@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from bench_local import best_of, double, fmt, inc, plain_loop
-from hypernodes_daft import DaftEngine
 
+from hypernodes_daft import DaftEngine
 from hypernodes_dist import Graph, node
 
 RESULTS = Path(__file__).parent / "results"

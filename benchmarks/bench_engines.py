@@ -28,8 +28,8 @@ from typing import Any
 
 from bench_local import best_of
 
+from hypernodes_bench import workloads as W
 from hypernodes_dist import Graph, GraphEngine
-from hypernodes_dist import workloads as W
 
 RESULTS = Path(__file__).parent / "results"
 TRIVIAL_SIZES = [1_000, 10_000, 100_000]
@@ -38,7 +38,7 @@ CPU_REPEAT = 4
 
 
 # ------------------------------------------------------------------ workloads
-# The graphs live in hypernodes_dist.workloads (shared with `hypernodes-dist bench` and
+# The graphs live in hypernodes_bench.workloads (shared with `hypernodes-dist bench` and
 # benchmarks/peers.py; worker processes import them from the installed package).
 
 TRIVIAL = list(W.TRIVIAL)

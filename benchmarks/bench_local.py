@@ -1,7 +1,7 @@
 """Local engine overhead: map of the 3-node trivial graph vs the plain Python loop.
 
 x -> x+1 -> *2 -> f"{b}-{y}" over N items (the ``trivial`` graph of
-``hypernodes_dist.workloads``; ``inc``/``double``/``fmt`` are re-exported for other
+``hypernodes_bench.workloads``; ``inc``/``double``/``fmt`` are re-exported for other
 scripts). Prints a table and writes benchmarks/results/local.json. Run: ``.venv/bin/python benchmarks/bench_local.py [N ...]``.
 """
 
@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from hypernodes_bench.workloads import double, fmt, inc, trivial_loop
 from hypernodes_dist import Graph, GraphEngine
-from hypernodes_dist.workloads import double, fmt, inc, trivial_loop
 
 RESULTS = Path(__file__).parent / "results"
 

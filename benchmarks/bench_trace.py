@@ -31,9 +31,9 @@ from typing import Any
 
 from bench_engines import SETUPS
 
+from hypernodes_bench.workloads import CPU, TRIVIAL, calibrate
 from hypernodes_dist import Graph
 from hypernodes_dist.trace import TraceCollector, summary, timeline
-from hypernodes_dist.workloads import CPU, TRIVIAL, calibrate
 
 RESULTS = Path(__file__).parent / "results"
 ENGINES = ["local", "dask-threads", "dask-processes", "daft-native"]

@@ -3,7 +3,7 @@
 Systems (each row is one system on one workload and item count; ratios are against
 hypernodes-dist's local engine and the plain loop measured in the same run):
 
-- the plain Python loop (``hypernodes_dist.workloads``);
+- the plain Python loop (``hypernodes_bench.workloads``);
 - hypernodes-dist: local engine, Dask (processes), Daft (native);
 - hypernodes 0.4.8: ``SeqEngine`` and its ``DaskEngine(scheduler="processes")``;
 - pipefunc: ``Pipeline.map`` sequential and parallel (on one kept process pool);
@@ -50,8 +50,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hypernodes_dist import workloads as W
-from hypernodes_dist.bench import machine, make_engine
+from hypernodes_bench import workloads as W
+from hypernodes_bench.runner import machine, make_engine
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

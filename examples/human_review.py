@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hypernodes_dist import Graph, InterruptNode, branch, node
 from hypernodes_dist.events import InterruptEvent, NodeEndEvent, RunEndEvent, StreamingChunkEvent
-from hypernodes_dist.persistence import SQLiteCheckpointer
+from hypernodes_dist.run.checkpointers import SQLiteCheckpointer
 
 
 @dataclass

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .engine import Engine, GraphEngine
-from .graph import Graph
-from .nodes import (
+from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.engines.local import GraphEngine
+from hypernodes_dist.graph import Graph
+from hypernodes_dist.nodes import (
     END,
     BranchNode,
     FunctionNode,
@@ -21,11 +22,11 @@ from .nodes import (
     gate,
     node,
 )
-from .results import GraphResult, MapResult, NodeExecution
-from .trace import TraceCollector
+from hypernodes_dist.results import GraphResult, MapResult, NodeExecution
+from hypernodes_dist.trace import TraceCollector
 
 if TYPE_CHECKING:
-    from .cache import DiskCache
+    from hypernodes_dist.cache.disk import DiskCache
 
 __all__ = [
     "node",
@@ -52,7 +53,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "DiskCache":
-        from .cache import DiskCache
+        from hypernodes_dist.cache.disk import DiskCache
 
         return DiskCache
     raise AttributeError(f"module 'hypernodes_dist' has no attribute {name!r}")

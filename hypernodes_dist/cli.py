@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypernodes_dist.cache import SCOPES, DiskCache
+from hypernodes_dist.cache.disk import SCOPES, DiskCache
 
 __all__ = ["build_parser", "main"]
 
@@ -90,7 +90,7 @@ def _add_cache(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
-    from hypernodes_dist.bench import add_bench_command
+    from hypernodes_bench.runner import add_bench_command
 
     add_bench_command(subparsers)
 

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .checkpoint import Checkpoint, restore
-from .engine import Engine
-from .engines import resolve
-from .inputs import check_inputs, check_on_error, check_select, new_run_id, new_session_id
-from .maprun import run_map
-from .nodes import HyperNode
-from .plan import Plan, compile_plan
-from .results import GraphResult, MapResult
-from .runner import LocalRun, responses_for
-from .scheduler import RunState
-from .syncio import run_sync
-
-if TYPE_CHECKING:
-    from .graphrun import GraphRun
+from hypernodes_dist.engines import resolve
+from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.execution.scheduler import RunState
+from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.inputs import (
+    check_inputs,
+    check_on_error,
+    check_select,
+    new_run_id,
+    new_session_id,
+)
+from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.plan import Plan, compile_plan
+from hypernodes_dist.results import GraphResult, MapResult
+from hypernodes_dist.run.checkpoint import Checkpoint, restore
+from hypernodes_dist.run.graphrun import GraphRun
+from hypernodes_dist.run.maprun import run_map
+from hypernodes_dist.run.nested import graph_node
+from hypernodes_dist.run.runner import LocalRun, responses_for
+from hypernodes_dist.visualize import visualize
 
 __all__ = ["Graph"]
 
@@ -72,8 +78,6 @@ class Graph:
     def visualize(self, path: Any = None, format: str | None = None, direction: str = "TD") -> Any:
         """The static graph as Mermaid text (default), DOT, or SVG/PNG via Graphviz when
         available; written to ``path`` when given (see ``hypernodes_dist.visualize``)."""
-        from .visualize import visualize
-
         return visualize(self, path, format, direction)
 
     # ------------------------------------------------------------------ interrupts
@@ -142,8 +146,6 @@ class Graph:
                 f"{type(self.engine).__name__} (engine {getattr(self.engine, 'name', '?')!r}) "
                 "cannot stream events: iter() runs on GraphEngine only; use run() or map() here"
             )
-        from .graphrun import GraphRun
-
         run = self._prepare(inputs, session_id, checkpoint, resume, handlers, select, "raise")
         return GraphRun(run)
 
@@ -217,8 +219,6 @@ class Graph:
         order (an empty list in gives empty lists out). Inner failures fail the outer item,
         so they follow the outer ``on_error``.
         """
-        from .nested import graph_node
-
         return graph_node(self, name, map_over, map_mode, inputs, outputs)
 
     # ------------------------------------------------------------------ map

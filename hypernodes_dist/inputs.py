@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import GraphInputError
-from .plan import Plan
+from hypernodes_dist.errors import GraphInputError
+from hypernodes_dist.plan import Plan
 
 __all__ = ["check_inputs", "expand", "check_select", "check_on_error", "new_session_id", "new_run_id"]
 

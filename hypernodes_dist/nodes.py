@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
-from .policies import make_policy
+from hypernodes_dist.policies import make_policy
 
 __all__ = [
     "END",

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from .nodes import END, HyperNode
-from .topology import Topology, analyze
+from hypernodes_dist.cache.hashing import hash_code
+from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.topology import Topology, analyze
 
 __all__ = ["Plan", "compile_plan", "MISSING"]
 
@@ -70,8 +71,6 @@ class Plan:
         """Code identity of every cacheable node (``every``: of every node with a function);
         computed once in the driver, then pickled with the plan."""
         if self._code_ids is None:
-            from .hashing import hash_code
-
             self._code_ids = {
                 n.name: hash_code(n.func, n.version) for n in self.nodes if n.func is not None
             }
@@ -112,3 +111,11 @@ def _structure_hash(nodes: Sequence[HyperNode]) -> str:
     for n in sorted(nodes, key=lambda n: n.name):
         h.update(repr((n.name, n.kind, n.params, sorted(n.defaults), n.outputs, n.targets)).encode())
     return h.hexdigest()
+
+
+class PlannedGraph(Protocol):
+    """What views and wrappers of a graph read: its compiled ``plan`` and its ``name``
+    (``Graph`` is one; taking this instead of ``Graph`` keeps them below the facade)."""
+
+    plan: Plan
+    name: str

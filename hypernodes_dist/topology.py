@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import (
+from hypernodes_dist.errors import (
     AmbiguousProducerError,
     DuplicateNodeError,
     InvalidCycleError,
     UnknownTargetError,
 )
-from .nodes import HyperNode
+from hypernodes_dist.nodes import HyperNode
 
 __all__ = ["Topology", "analyze"]
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from .events import (
+from hypernodes_dist.events import (
     BatchEvent,
     Event,
     GateDecisionEvent,
@@ -43,7 +43,7 @@ from .events import (
     StreamingEndEvent,
     StreamingStartEvent,
 )
-from .trace_store import (  # noqa: F401 - Chunks, Edge, empty: this module's API too
+from hypernodes_dist.trace_store import (
     _ABSENT,
     _ATTEMPTS,
     _CACHED,
@@ -551,20 +551,20 @@ def _handler(cls: type) -> Any:
 
 def summary(trace: Trace) -> dict[str, Any]:
     """Per graph node: executions, cache hits, errors, retries, p50/p95/max duration."""
-    from .trace_views import summary as _summary
+    from hypernodes_dist.trace_views import summary as _summary
 
     return _summary(trace)
 
 
 def timeline(trace: Trace) -> Any:
     """Start/end of every execution, on lanes per worker."""
-    from .trace_views import timeline as _timeline
+    from hypernodes_dist.trace_views import timeline as _timeline
 
     return _timeline(trace)
 
 
 def dag(trace: Trace) -> Any:
     """The trace graph laid out with x (depth) and y (rank) for drawing."""
-    from .trace_views import dag as _dag
+    from hypernodes_dist.trace_views import dag as _dag
 
     return _dag(trace)

@@ -74,7 +74,7 @@ class Chunks(Sequence[Any]):
 
     def joined(self) -> Any:
         """The chunks joined like a streaming node's value ("".join, b"".join, merged dicts)."""
-        from .invoke import join_chunks
+        from hypernodes_dist.execution.invoke import join_chunks
 
         return join_chunks(list(self))
 

@@ -18,7 +18,7 @@ from operator import add, gt, itemgetter, le
 from pathlib import Path
 from typing import Any
 
-from .trace_store import (
+from hypernodes_dist.trace_store import (
     _CACHED,
     _DURATION,
     _ITEM,

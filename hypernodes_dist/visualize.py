@@ -13,12 +13,10 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .nodes import END, HyperNode
-
-if TYPE_CHECKING:
-    from .graph import Graph
+from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.plan import PlannedGraph
 
 __all__ = ["to_mermaid", "to_dot", "visualize", "graphviz_available", "structure"]
 
@@ -42,7 +40,7 @@ class _Structure:
     has_end: bool
 
 
-def structure(graph: Graph) -> _Structure:
+def structure(graph: PlannedGraph) -> _Structure:
     """Vertices and edges of the static picture (ids: ``in:x``, ``node:f``, ``out:y``, ``END``)."""
     plan = graph.plan
     consumed = {p for n in plan.nodes for p in n.params}
@@ -97,7 +95,7 @@ def _mtext(text: str) -> str:
     return '"' + text.replace('"', "#quot;").replace("\n", "<br/>") + '"'
 
 
-def to_mermaid(graph: Graph, direction: str = "TD") -> str:
+def to_mermaid(graph: PlannedGraph, direction: str = "TD") -> str:
     """Mermaid ``flowchart`` text of the graph (renders on GitHub, in mermaid.live...)."""
     s = structure(graph)
     lines = [f"flowchart {direction}"]
@@ -133,7 +131,7 @@ def _dq(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def to_dot(graph: Graph, direction: str = "TB") -> str:
+def to_dot(graph: PlannedGraph, direction: str = "TB") -> str:
     """Graphviz DOT text of the graph."""
     s = structure(graph)
     rankdir = {"TD": "TB"}.get(direction, direction)
@@ -176,7 +174,7 @@ def graphviz_available() -> bool:
     return shutil.which("dot") is not None
 
 
-def visualize(graph: Graph, path: str | Path | None = None, format: str | None = None,
+def visualize(graph: PlannedGraph, path: str | Path | None = None, format: str | None = None,
               direction: str = "TD") -> Any:
     """Render the static graph.
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hypernodes_dist import bench
+from hypernodes_bench import runner as bench
+from hypernodes_bench.workloads import WORKLOADS, cpu_inputs, get_workload
 from hypernodes_dist.cli import main
-from hypernodes_dist.workloads import WORKLOADS, cpu_inputs, get_workload
 
 USER_MODULE = '''
 from hypernodes_dist import Graph, node

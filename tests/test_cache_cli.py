@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hypernodes_dist.cache import DiskCache
+from hypernodes_dist.cache.disk import DiskCache
 from hypernodes_dist.cli import build_parser, main
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[1])

@@ -230,7 +230,7 @@ def test_slow_sync_calls_reach_the_disk_while_the_batch_runs(tmp_path):
 def test_unhashable_mapped_value_fails_only_its_item(tmp_path):
     import threading
 
-    from hypernodes_dist.hashing import UnhashableValueError
+    from hypernodes_dist.cache.hashing import UnhashableValueError
 
     @node(output_name="r")
     def show(v) -> str:

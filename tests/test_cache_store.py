@@ -1,4 +1,4 @@
-"""Unit tests of the DiskCache store (hypernodes_dist.cache) on real diskcache directories."""
+"""Unit tests of the DiskCache store (hypernodes_dist.cache.disk) on real diskcache directories."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import cloudpickle
 import diskcache
 import pytest
 
-from hypernodes_dist.cache import MISSING, DiskCache, decode, encode
+from hypernodes_dist.cache.disk import MISSING, DiskCache, decode, encode
 
 
 def _files(path: pathlib.Path) -> list[pathlib.Path]:

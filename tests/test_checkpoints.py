@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 
 from hypernodes_dist import DiskCache, Graph, GraphEngine, InterruptNode, branch, node
-from hypernodes_dist.checkpoint import Checkpoint, capture, live_nodes
 from hypernodes_dist.events import NodeEndEvent
-from hypernodes_dist.persistence import (
+from hypernodes_dist.results import NodeExecution
+from hypernodes_dist.run.checkpoint import Checkpoint, capture, live_nodes
+from hypernodes_dist.run.checkpointers import (
     CheckpointCorruptError,
     Checkpointer,
     FileCheckpointer,
     MemoryCheckpointer,
     SQLiteCheckpointer,
 )
-from hypernodes_dist.results import NodeExecution
 
 from .hitl import ApprovalResponse, make_graph
 
@@ -461,7 +461,7 @@ def test_example_4_mid_parallel_keeps_completed_outputs_and_reruns_the_rest():
 
 
 def _restored(ckpt):
-    from hypernodes_dist.checkpoint import restore
+    from hypernodes_dist.run.checkpoint import restore
 
     return restore(ckpt)
 
@@ -469,7 +469,7 @@ def _restored(ckpt):
 def test_capture_without_plan_keeps_everything():
     g = Graph(_rag_nodes())
     r = g.run({"source": "x"})
-    from hypernodes_dist.checkpoint import restore
+    from hypernodes_dist.run.checkpoint import restore
 
     full = capture(restore(r.checkpoint), session_id="s", run_id="r", graph_hash=g.graph_hash)
     assert set(full.state) == set(r.checkpoint.state)

@@ -15,8 +15,8 @@ from hypernodes_dist.errors import EngineNotFoundError
 from .conformance import graphs as G
 
 TOY_ENGINE = '''
-from hypernodes_dist.batch import execute_batch
-from hypernodes_dist.engine import Engine
+from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.engines.base import Engine
 
 
 class ToyEngine(Engine):

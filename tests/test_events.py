@@ -19,7 +19,7 @@ from hypernodes_dist.events import (
     StateSnapshotEvent,
     hook_name,
 )
-from hypernodes_dist.statesync import apply_patch, pointer, unpointer
+from hypernodes_dist.execution.statesync import apply_patch, pointer, unpointer
 
 
 class Recorder:

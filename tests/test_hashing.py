@@ -1,4 +1,4 @@
-"""Unit tests of canonical value hashing and code identity (hypernodes_dist.hashing)."""
+"""Unit tests of canonical value hashing and code identity (hypernodes_dist.cache.hashing)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from hypernodes_dist.hashing import (
+from hypernodes_dist.cache.hashing import (
     UnhashableValueError,
     combine,
     hash_code,
@@ -73,7 +73,7 @@ def test_cycles_do_not_recurse_forever() -> None:
 
 def test_set_dict_hashes_stable_across_hash_seeds() -> None:
     code = (
-        "from hypernodes_dist.hashing import hash_value;"
+        "from hypernodes_dist.cache.hashing import hash_value;"
         "print(hash_value({'a','b','c','d'}), hash_value(frozenset({'x','y',('z',1)})),"
         " hash_value({'k'+str(i): {str(i)} for i in range(20)}))"
     )
@@ -97,7 +97,7 @@ def test_set_dict_hashes_stable_across_hash_seeds() -> None:
 
 def test_import_does_not_pull_heavy_libraries() -> None:
     code = (
-        "import sys, hypernodes_dist.hashing, hypernodes_dist.cache;"
+        "import sys, hypernodes_dist.cache.hashing, hypernodes_dist.cache;"
         "print([m for m in ('numpy','pandas','pyarrow') if m in sys.modules])"
     )
     env = {**os.environ, "PYTHONPATH": ROOT}
@@ -279,7 +279,7 @@ def test_hash_code_stable_across_processes(tmp_path: pathlib.Path) -> None:
     _load(tmp_path, "m_proc", MOD.format(unrelated=1, extra=""))
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import m_proc;"
-        "from hypernodes_dist.hashing import hash_code; print(hash_code(m_proc.node_fn))"
+        "from hypernodes_dist.cache.hashing import hash_code; print(hash_code(m_proc.node_fn))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "99", "PYTHONPATH": ROOT}
     out = subprocess.run(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hypernodes_dist import Graph, node
-from hypernodes_dist.engine import Engine
+from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.events import (
     InterruptEvent,
     NodeEndEvent,
@@ -17,7 +17,7 @@ from hypernodes_dist.events import (
     RunStartEvent,
     StreamingChunkEvent,
 )
-from hypernodes_dist.persistence import MemoryCheckpointer
+from hypernodes_dist.run.checkpointers import MemoryCheckpointer
 
 from . import hitl
 from .hitl import ApprovalResponse, make_graph

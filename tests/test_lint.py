@@ -17,7 +17,7 @@ def test_ruff_clean():
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed (it is in the test extra)")
     out = subprocess.run(
-        [ruff, "check", "hypernodes_dist", "engines", "tests", "benchmarks", "examples"],
+        [ruff, "check", "hypernodes_dist", "hypernodes_bench", "engines", "tests", "benchmarks", "examples"],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -13,7 +13,7 @@ import pytest
 from hypernodes_dist import Graph, GraphEngine, node
 from hypernodes_dist import policies as pol
 from hypernodes_dist.events import PolicyEvent, StreamingChunkEvent, hook_name
-from hypernodes_dist.policies import NodeTimeoutError, Policy, make_policy, parse_rate_limit
+from hypernodes_dist.policies import NodeTimeoutError, Policy, limits, make_policy, parse_rate_limit
 
 
 @pytest.fixture(autouse=True)
@@ -109,8 +109,8 @@ def test_nodes_without_policy_are_never_wrapped(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a Guard was built for a node without a policy")
 
-    monkeypatch.setattr(pol, "Guard", boom)
-    monkeypatch.setattr("hypernodes_dist.policies.guarded_call", boom)
+    monkeypatch.setattr("hypernodes_dist.execution.columnar.Guard", boom)
+    monkeypatch.setattr("hypernodes_dist.execution.scheduler.guarded_call", boom)
 
     @node(output_name="y")
     def plain(x):
@@ -296,17 +296,17 @@ def test_an_abandoned_thread_keeps_its_concurrency_slot():
 
 
 def test_file_rate_reservations_are_evenly_spaced(tmp_path, monkeypatch):
-    monkeypatch.setattr(pol, "time", SimpleNamespace(time=lambda: 1000.0))  # a frozen clock
-    rate = pol.FileRate(str(tmp_path), "k", 10, 1.0)
+    monkeypatch.setattr(limits, "time", SimpleNamespace(time=lambda: 1000.0))  # a frozen clock
+    rate = limits.FileRate(str(tmp_path), "k", 10, 1.0)
     waits = [rate.reserve() for _ in range(4)]
     assert waits == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    other = pol.FileRate(str(tmp_path), "k", 10, 1.0)  # another process would see the same
+    other = limits.FileRate(str(tmp_path), "k", 10, 1.0)  # another process would see the same
     assert other.reserve() == pytest.approx(0.4)
 
 
 def test_file_slots_exclude_threads_and_open_files(tmp_path):
-    a = pol.FileSlots(str(tmp_path), "k", 2)
-    b = pol.FileSlots(str(tmp_path), "k", 2)  # separate open files, like another process
+    a = limits.FileSlots(str(tmp_path), "k", 2)
+    b = limits.FileSlots(str(tmp_path), "k", 2)  # separate open files, like another process
     t1, t2 = a.try_acquire(), b.try_acquire()
     assert {t1, t2} == {0, 1}
     assert a.try_acquire() is None and b.try_acquire() is None
@@ -363,7 +363,7 @@ def test_a_registered_backend_replaces_file_locks(monkeypatch):
         def rate(self, key, count, per):
             return Rate()
 
-    monkeypatch.setattr(pol, "_PROBES", [lambda: Backend()])
+    monkeypatch.setattr(limits, "_PROBES", [lambda: Backend()])
 
     @node(output_name="y", rate_limit="1/day", name="fake_backend_node")
     def rated(x):

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from hypernodes_dist.syncio import run_sync
+from hypernodes_dist.execution.syncio import run_sync
 
 
 def test_results_and_errors_pass_through():

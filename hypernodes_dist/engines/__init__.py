@@ -11,8 +11,9 @@ from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from ..engine import Engine, GraphEngine
-from ..errors import EngineNotFoundError
+from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.engines.local import GraphEngine
+from hypernodes_dist.errors import EngineNotFoundError
 
 __all__ = ["Engine", "GraphEngine", "available", "get_engine", "resolve", "refresh"]
 

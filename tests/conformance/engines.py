@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hypernodes_dist import GraphEngine
-from hypernodes_dist.engine import Engine
+from hypernodes_dist.engines.base import Engine
 
 Factory = Callable[[], Engine]
 

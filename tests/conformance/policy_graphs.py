@@ -164,6 +164,6 @@ def max_overlap(log_dir: str) -> tuple[int, int]:
 @node(output_name="backend")
 def pol_backend(x: int) -> str:
     """Which limits backend a policy node would use where this item runs."""
-    from hypernodes_dist.policies import _backend
+    from hypernodes_dist.policies.limits import _backend
 
     return _backend().name

@@ -6,8 +6,8 @@ import json
 import sys
 
 import ray
-from hypernodes_daft import DaftEngine
 
+from hypernodes_daft import DaftEngine
 from hypernodes_dist import Graph
 from tests.conformance import graphs as G
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
+
 from hypernodes_daft import DaftEngine
 from hypernodes_daft.frame import item_frame
 from hypernodes_daft.udf import _runs
-
 from hypernodes_dist import DiskCache, Graph, GraphEngine, node
 from hypernodes_dist.engines import get_engine
 from tests.conformance import graphs as G

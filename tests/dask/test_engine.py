@@ -12,14 +12,13 @@ import time
 
 import cloudpickle
 import pytest
+
 from hypernodes_dask import DaskEngine, UnpicklableError, auto_partition_size
 from hypernodes_dask.compile import Shipment, build_graph, pickle_payload
-
 from hypernodes_dist import DiskCache, Graph
-from hypernodes_dist.batch import BatchSettings
-from hypernodes_dist.engine import MapJob
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.events import NodeEndEvent
+from hypernodes_dist.execution.job import BatchSettings, MapJob
 from hypernodes_dist.plan import compile_plan
 
 from ..conformance import graphs as G

@@ -14,8 +14,8 @@ import sys
 import time
 
 import pytest
-from hypernodes_dask import DaskEngine
 
+from hypernodes_dask import DaskEngine
 from hypernodes_dist import Graph
 from tests.procs import spawn, stop, wait_for_address
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import diskcache
 
 from hypernodes_dist import DiskCache, Graph
-from hypernodes_dist.cache import _HEADER, _MAGIC
+from hypernodes_dist.cache.disk import _HEADER, _MAGIC
 
 from . import graphs as G
 
@@ -81,7 +81,7 @@ def test_readme_trust_model_is_accurate():
                   "not a signature"):
         assert claim in section, claim
     # the claim holds in the code: the only unpickling in cache.py is after the digest check
-    src = (ROOT / "hypernodes_dist" / "cache.py").read_text()
+    src = (ROOT / "hypernodes_dist" / "cache" / "disk.py").read_text()
     assert src.count("pickle.loads(") == 1
     decode = src.split("def decode(", 1)[1].split("\ndef ", 1)[0]
     assert decode.index("xxh3_128_digest(payload) != digest") < decode.index("pickle.loads(")

@@ -18,8 +18,8 @@ import threading
 import pytest
 
 from hypernodes_dist import DiskCache, Graph, node
+from hypernodes_dist.cache.hashing import UnhashableValueError
 from hypernodes_dist.engines import DaftEngine, DaskEngine
-from hypernodes_dist.hashing import UnhashableValueError
 
 from . import graphs as G
 

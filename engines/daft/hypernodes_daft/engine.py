@@ -49,7 +49,8 @@ import cloudpickle
 import daft
 from daft import DataType, col
 
-from hypernodes_dist.engine import Engine, MapJob, Sink
+from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.execution.job import MapJob, Sink
 
 from .frame import ROW, column_name, item_frame
 from .udf import Failure, close, make_udf, receive

@@ -28,8 +28,9 @@ import cloudpickle
 import pyarrow as pa
 from daft import Series
 
-from hypernodes_dist.batch import BatchResult, BatchSettings, Chunk, execute_batch
 from hypernodes_dist.errors import portable
+from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.plan import Plan
 
 __all__ = ["Failure", "make_udf", "receive", "close"]

@@ -39,9 +39,9 @@ from typing import Any
 import cloudpickle
 from dask.task_spec import DataNode, Task, TaskRef
 
-from hypernodes_dist.batch import BatchResult, BatchSettings, Chunk, execute_batch
-from hypernodes_dist.engine import MapJob
 from hypernodes_dist.errors import portable
+from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, MapJob
 from hypernodes_dist.plan import Plan
 
 __all__ = [

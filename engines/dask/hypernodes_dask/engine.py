@@ -31,8 +31,9 @@ from typing import Any, ClassVar
 
 from dask.task_spec import DataNode, Task, TaskRef
 
-from hypernodes_dist.engine import Engine, MapJob, Sink
+from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.errors import NodeError
+from hypernodes_dist.execution.job import MapJob, Sink
 
 from .cluster import ClientHandle, ProcessPool
 from .compile import (

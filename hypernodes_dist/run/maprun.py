@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .batch import BatchResult, BatchSettings
-from .engine import Engine, MapJob
-from .events import Dispatcher
-from .inputs import check_on_error, check_select, expand, new_run_id, new_session_id
-from .plan import MISSING, Plan
-from .results import GraphResult, MapResult
+from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.events import Dispatcher
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
+from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
+from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.results import GraphResult, MapResult
 
 __all__ = ["run_map", "MapCollector"]
 

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .batch import BatchResult, BatchSettings, Chunk, run_batch
-from .context import PARENT
-from .errors import GraphBuildError
-from .events import expanded
-from .hashing import combine
-from .inputs import expand
-from .nodes import FunctionNode
-from .plan import MISSING, Plan
-from .syncio import run_sync
-
-if TYPE_CHECKING:
-    from .graph import Graph
+from hypernodes_dist.cache.hashing import combine
+from hypernodes_dist.errors import GraphBuildError
+from hypernodes_dist.events import expanded
+from hypernodes_dist.execution.batch import run_batch
+from hypernodes_dist.execution.context import PARENT
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
+from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.inputs import expand
+from hypernodes_dist.nodes import FunctionNode
+from hypernodes_dist.plan import MISSING, Plan, PlannedGraph
 
 __all__ = ["GraphNode", "graph_node", "OMITTED"]
 
@@ -131,7 +129,7 @@ class _NestedCall:
 
 
 def graph_node(
-    graph: Graph,
+    graph: PlannedGraph,
     name: str | None = None,
     map_over: str | Sequence[str] | None = None,
     map_mode: str = "zip",

@@ -13,18 +13,32 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .checkpoint import Checkpoint, capture, new_checkpoint_id, refetch
-from .events import Dispatcher, Event, RunEndEvent, RunStartEvent, StateSnapshotEvent
-from .keys import Keys
-from .results import GraphResult
-from .scheduler import RunContext, RunState, Scheduler
+from hypernodes_dist.cache.keys import Keys
+from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.events import Dispatcher, Event, RunEndEvent, RunStartEvent, StateSnapshotEvent
+from hypernodes_dist.execution.scheduler import RunContext, RunState, Scheduler
+from hypernodes_dist.plan import Plan
+from hypernodes_dist.results import GraphResult
+from hypernodes_dist.run.checkpoint import Checkpoint, capture, new_checkpoint_id, refetch
 
-if TYPE_CHECKING:
-    from .graph import Graph
+__all__ = ["Interrupt", "LocalRun", "RunnableGraph", "responses_for"]
 
-__all__ = ["Interrupt", "LocalRun", "responses_for"]
+
+class RunnableGraph(Protocol):
+    """What a run reads of its graph (``Graph`` is one): the plan, where and how it runs,
+    and ``run`` to continue from a checkpoint (``GraphResult.resume``)."""
+
+    plan: Plan
+    engine: Engine
+    cache: Any
+    callbacks: list[Any]
+    checkpointer: Any
+    handlers: dict[str, Callable[[Any], Any]]
+
+    def run(self, inputs: Mapping[str, Any] | None = ..., *args: Any, **kwargs: Any) -> GraphResult:
+        ...
 
 
 @dataclass(frozen=True)
@@ -36,7 +50,7 @@ class Interrupt:
     response_param: str
 
 
-def responses_for(graph: Graph, given: Mapping[str, Any]) -> dict[str, Any]:
+def responses_for(graph: RunnableGraph, given: Mapping[str, Any]) -> dict[str, Any]:
     """``{response_param: value}`` -> ``{interrupt name: value}``; unknown names are errors."""
     by_param = {n.response_param: n.name for n in graph.plan.interrupts}  # type: ignore[attr-defined]
     unknown = [k for k in given if k not in by_param]
@@ -53,7 +67,7 @@ class LocalRun:
 
     def __init__(
         self,
-        graph: Graph,
+        graph: RunnableGraph,
         state: RunState,
         *,
         session_id: str,

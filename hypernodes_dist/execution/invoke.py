@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .nodes import HyperNode
+from hypernodes_dist.nodes import HyperNode
 
 __all__ = ["join_chunks", "split_outputs", "call_node", "OutputShapeError"]
 

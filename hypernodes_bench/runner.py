@@ -33,7 +33,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .workloads import WORKLOADS, Workload, get_workload
+from hypernodes_bench.workloads import WORKLOADS, Workload, get_workload
+from hypernodes_dist.engines import get_engine
+from hypernodes_dist.engines.local import GraphEngine
 
 __all__ = ["ENGINES", "ALIASES", "BenchConfig", "run_bench", "print_table", "write_results",
            "plot", "add_bench_command", "resolve_workload", "make_engine"]
@@ -42,27 +44,24 @@ __all__ = ["ENGINES", "ALIASES", "BenchConfig", "run_bench", "print_table", "wri
 
 
 def _local() -> Any:
-    from .engine import GraphEngine
-
     return GraphEngine(batch_size=1000)
 
 
-def _dask(**kwargs: Any) -> Callable[[], Any]:
-    def make() -> Any:
-        from hypernodes_dask import DaskEngine
+def _plugin(name: str, **kwargs: Any) -> Callable[[], Any]:
+    """An engine plugin found through the ``hypernodes_dist.engines`` entry points."""
 
-        return DaskEngine(**kwargs)
+    def make() -> Any:
+        return get_engine(name)(**kwargs)
 
     return make
+
+
+def _dask(**kwargs: Any) -> Callable[[], Any]:
+    return _plugin("dask", **kwargs)
 
 
 def _daft(**kwargs: Any) -> Callable[[], Any]:
-    def make() -> Any:
-        from hypernodes_daft import DaftEngine
-
-        return DaftEngine(**kwargs)
-
-    return make
+    return _plugin("daft", **kwargs)
 
 
 ENGINES: dict[str, Callable[[], Any]] = {
@@ -113,7 +112,7 @@ def resolve_workload(spec: str, inputs: str | None = None, loop: str | None = No
     """A built-in workload by name, or a user graph ``module:attr`` with its inputs."""
     if ":" not in spec:
         return get_workload(spec)
-    from .graph import Graph
+    from hypernodes_dist.graph import Graph
 
     obj = _import(spec)
     if isinstance(obj, Workload):
@@ -215,7 +214,7 @@ def _measure(w: Workload, label: str, engine: Any, n: int, startup: float,
         return [_row(w, label, n, "off", t, loop, 0, startup)]
     tmp = Path(tempfile.mkdtemp(prefix="hn-bench-"))
     try:
-        from .cache import DiskCache
+        from hypernodes_dist.cache.disk import DiskCache
 
         cache = DiskCache(tmp / "cache")
         g = w.graph(engine, cache=cache)

@@ -32,11 +32,11 @@ import contextlib
 from collections import deque
 from typing import Any
 
-from .checkpoint import Checkpoint
-from .events import Event, InterruptEvent, StreamingChunkEvent
-from .results import GraphResult
-from .runner import Interrupt, LocalRun, responses_for
-from .scheduler import validate_response
+from hypernodes_dist.events import Event, InterruptEvent, StreamingChunkEvent
+from hypernodes_dist.execution.scheduler import validate_response
+from hypernodes_dist.results import GraphResult
+from hypernodes_dist.run.checkpoint import Checkpoint
+from hypernodes_dist.run.runner import Interrupt, LocalRun, responses_for
 
 __all__ = ["GraphRun"]
 

@@ -14,87 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from .context import worker_id
-from .errors import portable
-from .events import Event, RunEndEvent, RunStartEvent
-from .keys import Keys, WriteBuffer, batch_writes
-from .plan import MISSING, Plan
-from .results import NodeExecution
-from .scheduler import RunContext, RunState, Scheduler
-from .syncio import run_sync
+from hypernodes_dist.cache.keys import Keys, WriteBuffer, batch_writes
+from hypernodes_dist.errors import portable
+from hypernodes_dist.events import RunEndEvent, RunStartEvent
+from hypernodes_dist.execution.columnar import Columnar
+from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
+from hypernodes_dist.execution.scheduler import RunContext, RunState, Scheduler
+from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.plan import MISSING, Plan
 
-__all__ = ["BatchSettings", "Chunk", "BatchResult", "execute_batch", "run_batch"]
-
-NOT_RUN, RAN, HIT = 0, 1, 2
-
-
-@dataclass
-class BatchSettings:
-    """What every batch of one map shares (picklable)."""
-
-    session_id: str
-    run_prefix: str
-    select: tuple[str, ...] | None = None
-    on_error: str = "raise"
-    cache: Any = None
-    want_events: bool = False
-    concurrency: int | None = None  # async node calls in flight per batch (None: the batch)
-
-    def run_id(self, index: int) -> str:
-        return f"{self.run_prefix}{index}"
-
-
-@dataclass
-class Chunk:
-    """Items ``offset .. offset+n`` of a map: their mapped columns and the broadcast inputs."""
-
-    offset: int
-    n: int
-    columns: dict[str, Sequence[Any]]
-    broadcast: dict[str, Any]
-
-    def item(self, i: int) -> dict[str, Any]:
-        row = dict(self.broadcast)
-        for name, col in self.columns.items():
-            row[name] = col[i]
-        return row
-
-
-@dataclass
-class BatchResult:
-    """The outcome of one batch, columnar: what the driver turns into ``GraphResult``s."""
-
-    offset: int
-    n: int
-    outputs: dict[str, list[Any]]  # selected output columns, MISSING where an item has none
-    errors: dict[int, BaseException] = field(default_factory=dict)  # local index -> error
-    order: tuple[str, ...] = ()  # columnar: node order; codes[name][i] says NOT_RUN/RAN/HIT
-    codes: dict[str, bytearray] = field(default_factory=dict)
-    histories: list[list[NodeExecution]] | None = None  # per-item strategy
-    events: list[Event] = field(default_factory=list)
-    executed: int = 0
-    hits: int = 0
-    worker: str = ""
-    run_prefix: str = ""
-
-    def run_id_of(self, i: int) -> str:
-        return f"{self.run_prefix}{self.offset + i}"
-
-    def history_of(self, i: int) -> list[NodeExecution]:
-        if self.histories is not None:
-            return self.histories[i]
-        return [
-            NodeExecution(name, step, cached=self.codes[name][i] == HIT)
-            for step, name in enumerate(n for n in self.order if self.codes[n][i])
-        ]
-
-    def row(self, i: int) -> dict[str, Any]:
-        return {k: col[i] for k, col in self.outputs.items() if col[i] is not MISSING}
-
+__all__ = ["execute_batch", "run_batch"]
 
 def execute_batch(
     plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None = None
@@ -116,8 +47,6 @@ async def run_batch(
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     with batch_writes(settings.cache, writes) as buffer:
         if plan.columnar:
-            from .columnar import Columnar  # the columnar strategy builds on this module's types
-
             return await Columnar(plan, chunk, settings, buffer).run()
         return await _per_item(plan, chunk, settings, buffer)
 

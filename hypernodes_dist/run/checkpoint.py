@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from .invoke import split_outputs
-from .results import NodeExecution
-from .scheduler import RunState
+from hypernodes_dist.execution.invoke import split_outputs
+from hypernodes_dist.execution.scheduler import RunState
+from hypernodes_dist.results import NodeExecution
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from hypernodes_dist.plan import Plan
 
 __all__ = ["Checkpoint", "capture", "restore", "live_nodes", "needed_values", "refetch",
            "new_checkpoint_id"]

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import PARENT, Parent, worker_id
-from .errors import GateDecisionError, MaxIterationsError, annotate
-from .events import (
+from hypernodes_dist.cache.keys import Keys, WriteBuffer, scope_token
+from hypernodes_dist.errors import GateDecisionError, MaxIterationsError, annotate
+from hypernodes_dist.events import (
     Event,
     GateDecisionEvent,
     InterruptEvent,
@@ -39,13 +39,14 @@ from .events import (
     StreamingEndEvent,
     StreamingStartEvent,
 )
-from .invoke import call_node, split_outputs
-from .keys import Keys, WriteBuffer, scope_token
-from .nodes import END, HyperNode
-from .plan import MISSING, Plan
-from .policies import guarded_call
-from .results import NodeExecution
-from .statesync import delta_ops
+from hypernodes_dist.execution.context import PARENT, Parent, worker_id
+from hypernodes_dist.execution.guard import guarded_call
+from hypernodes_dist.execution.invoke import call_node, split_outputs
+from hypernodes_dist.execution.statesync import delta_ops
+from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.results import NodeExecution
 
 __all__ = ["RunState", "RunContext", "Scheduler", "validate_response"]
 
@@ -345,8 +346,6 @@ class Scheduler:
         if on_chunk is not None:
             def relay(chunk: Any, index: int) -> None:
                 loop.call_soon_threadsafe(on_chunk, chunk, index)
-
-        from .syncio import run_sync
 
         def work() -> Any:
             return run_sync(call_node(node, kwargs, relay), needs_loop=False)

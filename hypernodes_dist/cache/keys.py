@@ -15,9 +15,15 @@ from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
 
-from .hashing import UnhashableValueError, chain_id, hash_value, key_from, key_prefix
-from .nodes import HyperNode
-from .plan import Plan
+from hypernodes_dist.cache.hashing import (
+    UnhashableValueError,
+    chain_id,
+    hash_value,
+    key_from,
+    key_prefix,
+)
+from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.plan import Plan
 
 __all__ = ["Keys", "WriteBuffer", "batch_writes", "scope_token", "FLUSH_SECONDS"]
 

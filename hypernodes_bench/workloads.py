@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from .graph import Graph
-from .nodes import HyperNode, node
+from hypernodes_dist.graph import Graph
+from hypernodes_dist.nodes import HyperNode, node
 
 __all__ = [
     "Workload", "WORKLOADS", "get_workload",

@@ -20,16 +20,17 @@ from itertools import islice, repeat, starmap
 from operator import itemgetter
 from typing import Any
 
-from .batch import HIT, RAN, BatchResult, BatchSettings, Chunk
-from .context import PARENT, Parent, worker_id
-from .errors import annotate, portable
-from .events import BatchEvent, Event, NodeColumns, NodeErrorEvent
-from .hashing import UnhashableValueError
-from .invoke import call_node, join_chunks, split_outputs
-from .keys import FLUSH_SECONDS, Keys, WriteBuffer, scope_token
-from .nodes import END, HyperNode
-from .plan import MISSING, Plan
-from .scheduler import decision_target
+from hypernodes_dist.cache.hashing import UnhashableValueError
+from hypernodes_dist.cache.keys import FLUSH_SECONDS, Keys, WriteBuffer, scope_token
+from hypernodes_dist.errors import annotate, portable
+from hypernodes_dist.events import BatchEvent, Event, NodeColumns, NodeErrorEvent
+from hypernodes_dist.execution.context import PARENT, Parent, worker_id
+from hypernodes_dist.execution.guard import Guard
+from hypernodes_dist.execution.invoke import call_node, join_chunks, split_outputs
+from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
+from hypernodes_dist.execution.scheduler import decision_target
+from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.plan import MISSING, Plan
 
 __all__ = ["Columnar"]
 
@@ -459,8 +460,6 @@ class Columnar:
 
     def _guard(self, node: HyperNode) -> Any:
         """The node's call policy for this batch; ``PolicyEvent``s join the batch's events."""
-        from .policies import Guard
-
         report = None
         if self.settings.want_events:
             s, events = self.settings, self.events

@@ -1,0 +1,141 @@
+"""Per-node call policies: what ``@node(retries=..., backoff=..., timeout=..., concurrency=...,
+rate_limit=...)`` declares, parsed and validated into a ``Policy``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Policy", "NodeTimeoutError", "Exponential", "exponential", "make_policy",
+           "parse_rate_limit", "backoff_delay"]
+
+
+
+class NodeTimeoutError(TimeoutError):
+    """A node call exceeded its ``timeout``; names the node, the item and the limit."""
+
+    def __init__(self, message: str, node: str = "", item: int | None = None,
+                 limit: float = 0.0) -> None:
+        super().__init__(message)
+        self.node, self.item, self.limit = node, item, limit
+
+    def __reduce__(self) -> Any:
+        return (type(self), (str(self), self.node, self.item, self.limit), self.__dict__)
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """``backoff="exponential"``: ``base * 2**(attempt-1)`` seconds, capped, with jitter.
+
+    Jitter draws the wait uniformly from ``[d/2, d]`` so the workers of a cluster that fail
+    together do not retry together.
+    """
+
+    base: float = 0.5
+    cap: float = 30.0
+    jitter: bool = True
+
+    def __call__(self, attempt: int) -> float:
+        d = min(self.cap, self.base * 2 ** (attempt - 1))
+        return random.uniform(d / 2, d) if self.jitter else d
+
+
+def exponential(base: float = 0.5, cap: float = 30.0, jitter: bool = True) -> Exponential:
+    """A tuned exponential backoff: ``@node(retries=5, backoff=exponential(base=1))``."""
+    if base < 0 or cap < 0:
+        raise ValueError("exponential backoff: base and cap must be >= 0 seconds")
+    return Exponential(float(base), float(cap), jitter)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a node's keywords ask for; picklable (it travels with the plan)."""
+
+    node: str
+    retries: int = 0
+    backoff: Any = None  # None | seconds | Exponential | callable(attempt) -> seconds
+    timeout: float | None = None
+    concurrency: int | None = None
+    rate: tuple[float, float] | None = None  # (count, per seconds)
+
+    @property
+    def rate_text(self) -> str:
+        assert self.rate is not None
+        count, per = self.rate
+        return f"{count:g}/{per:g}s"
+
+
+_UNITS = {
+    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
+    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*([a-zA-Z]+)\s*$")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_rate_limit(value: Any, node: str = "?") -> tuple[float, float]:
+    """``"100/minute"``, ``"5/s"``, ``"30/10s"`` or ``(count, seconds)`` -> ``(count, seconds)``."""
+    hint = ('use "100/minute", "10/s", "30/10s" (units s, m/min/minute, h/hour, d/day) '
+            "or a (count, seconds) tuple")
+    if isinstance(value, str):
+        m = _RATE.match(value)
+        unit = _UNITS.get(m.group(3).lower()) if m else None
+        if m is None or unit is None:
+            raise ValueError(f"node {node!r}: cannot read rate_limit={value!r}; {hint}")
+        count, per = float(m.group(1)), float(m.group(2) or 1) * unit
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_number, value)):
+        count, per = float(value[0]), float(value[1])
+    else:
+        raise ValueError(f"node {node!r}: rate_limit must be a string or a (count, seconds) "
+                         f"tuple, got {value!r}; {hint}")
+    if count <= 0 or per <= 0:
+        raise ValueError(f"node {node!r}: rate_limit={value!r} needs a positive count and period")
+    return count, per
+
+
+def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any = None,
+                concurrency: Any = None, rate_limit: Any = None) -> Policy | None:
+    """Validate a node's policy keywords; ``None`` when none is set (no wrapper at all)."""
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"node {node!r}: retries must be an int >= 0, got {retries!r}")
+    if backoff is not None and not callable(backoff):
+        if backoff == "exponential":
+            backoff = Exponential()
+        elif not _number(backoff) or backoff < 0:
+            raise ValueError(
+                f"node {node!r}: backoff must be None, 'exponential', seconds >= 0 or a "
+                f"callable(attempt) -> seconds, got {backoff!r}"
+            )
+    if timeout is not None and (not _number(timeout) or timeout <= 0):
+        raise ValueError(f"node {node!r}: timeout must be positive seconds, got {timeout!r}")
+    if concurrency is not None and (
+        not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
+    ):
+        raise ValueError(f"node {node!r}: concurrency must be an int >= 1, got {concurrency!r}")
+    rate = parse_rate_limit(rate_limit, node) if rate_limit is not None else None
+    if not retries and timeout is None and concurrency is None and rate is None:
+        return None
+    return Policy(node, retries, backoff, float(timeout) if timeout is not None else None,
+                  concurrency, rate)
+
+
+def backoff_delay(backoff: Any, attempt: int) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+    if backoff is None:
+        return 0.0
+    if _number(backoff):
+        return float(backoff)
+    wait = float(backoff(attempt))
+    if wait < 0:
+        raise ValueError(f"backoff({attempt}) returned {wait} seconds; it must be >= 0")
+    return wait
+
+
