@@ -50,6 +50,7 @@ import daft
 from daft import DataType, col
 
 from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.job import MapJob, Sink
 
 from .frame import ROW, column_name, item_frame
@@ -132,7 +133,7 @@ class DaftEngine(Engine):
     def _size(self, n: int) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        return max(1, min(10_000, math.ceil(n / (2 * (os.cpu_count() or 1)))))
+        return partition_size(n, os.cpu_count() or 1, tasks_per_worker=2)
 
     def _ensure_runner(self) -> None:
         from daft.runners import get_or_infer_runner_type

@@ -23,7 +23,6 @@ one task and the work redone when a worker dies.
 
 from __future__ import annotations
 
-import math
 import os
 import uuid
 from concurrent.futures.process import BrokenProcessPool
@@ -32,6 +31,7 @@ from typing import Any, ClassVar
 from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.execution.job import MapJob, Sink
 
@@ -51,10 +51,7 @@ __all__ = ["DaskEngine", "auto_partition_size"]
 SCHEDULERS = ("threads", "processes", "sync", "distributed")
 
 
-def auto_partition_size(n: int, workers: int, tasks_per_worker: int = 4,
-                        max_size: int = 10_000) -> int:
-    """Items per task for ``n`` items on ``workers`` parallel workers."""
-    return max(1, min(max_size, math.ceil(n / (max(1, workers) * max(1, tasks_per_worker)))))
+auto_partition_size = partition_size  # the shared rule (hypernodes_dist.engines.kit)
 
 
 def _cpu_count() -> int:
@@ -138,8 +135,7 @@ class DaskEngine(Engine):
     def partition_size_for(self, n: int) -> int:
         if self.partition_size is not None:
             return self.partition_size
-        return auto_partition_size(n, self.workers(), self.tasks_per_worker,
-                                   self.max_partition_size)
+        return partition_size(n, self.workers(), self.tasks_per_worker, self.max_partition_size)
 
     def close(self) -> None:
         if self._cluster is not None:
