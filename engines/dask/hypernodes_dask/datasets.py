@@ -1,0 +1,220 @@
+"""Dataset maps on Dask: one task per part; the task reads the part, runs the plan, writes the
+part's Parquet file and returns a ``PartReport`` (counts, not rows).
+
+- What the parts share (the ``PartTask``: plan, broadcast inputs, schema, output directory)
+  travels once: the object itself on threads/sync, a ``Shipment`` file on the process pool,
+  a ``Shipment`` scattered to every worker on ``distributed``.
+- Parquet parts carry only file names, row groups and row ranges: the workers read them.
+  In-memory sources (an Arrow table, a pandas frame, dict inputs) and streams carry their
+  rows; streams are submitted in windows, so the driver holds a few parts at a time.
+- A ``dask.dataframe.DataFrame`` source: its partitions are computed on the workers and
+  consumed there by the part tasks (one part per Dask partition).
+- ``distributed``: before anything runs, every worker checks it sees the ``into``
+  directory (a marker file); one that does not is named in the error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from itertools import islice
+from typing import Any
+
+import cloudpickle
+from dask.task_spec import DataNode, Task, TaskRef
+
+from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
+from hypernodes_dist.datasets.parts import PandasReader
+from hypernodes_dist.errors import portable
+
+from .compile import Shipment, UnpicklableError, write_shipment
+
+__all__ = ["run_dataset_distributed", "run_dataset_local", "check_workers_see"]
+
+Report = Callable[[PartReport], None]
+
+
+def _ship(task: PartTask, where: str) -> tuple[bytes, str]:
+    try:
+        data = cloudpickle.dumps(task)
+    except Exception as exc:
+        for node in task.plan.nodes:
+            try:
+                cloudpickle.dumps(node)
+            except Exception as inner:
+                raise UnpicklableError(
+                    f"node {node.name!r} cannot be sent to {where}: it does not pickle "
+                    f"({type(inner).__name__}: {inner})") from exc
+        for name, value in task.broadcast.items():
+            try:
+                cloudpickle.dumps(value)
+            except Exception as inner:
+                raise UnpicklableError(
+                    f"input {name!r} cannot be sent to {where}: it does not pickle "
+                    f"({type(inner).__name__}: {inner})") from exc
+        raise UnpicklableError(f"the map cannot be sent to {where}: {exc}") from exc
+    return data, hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def run_part(shared: PartTask | Shipment, part: Part, frame: Any = None) -> PartReport:
+    """One Dask task: read, compute and write one part (``frame``: a Dask partition)."""
+    remote = isinstance(shared, Shipment)
+    task: PartTask = shared.load() if remote else shared  # type: ignore[assignment]
+    try:
+        data = None
+        if frame is not None:
+            data = PandasReader(frame).read(task.read_columns)
+            part = Part(part.index, part.offset, len(frame), None)
+        return task.run(part, data=data)
+    except Exception as exc:
+        if remote:
+            raise portable(exc) from None
+        raise
+
+
+def _windows(job: DatasetJob, size: int) -> Iterator[list[Part]]:
+    parts = job.pending()
+    if job.source.kind in ("parquet", "table", "pandas", "lists"):
+        yield list(parts)  # descriptors, or rows the driver holds anyway
+        return
+    while True:
+        window = list(islice(parts, size))
+        if not window:
+            return
+        yield window
+
+
+# ------------------------------------------------------------------ local schedulers
+
+
+def run_dataset_local(engine: Any, job: DatasetJob, report: Report) -> None:
+    """Threads / processes / sync: one graph per window of parts, reports as tasks end."""
+    import dask.local
+    import dask.multiprocessing
+    import dask.threaded
+    from dask.callbacks import Callback
+
+    if engine._processes is not None:
+        data, digest = _ship(job.task, "worker processes")
+        shared: Any = write_shipment(data, digest, engine._processes.scratch())
+    else:
+        shared = job.task
+    outputs: set[Any] = set()
+
+    def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
+        if key in outputs:
+            report(result)
+
+    callbacks = [*Callback.active, (None, None, None, posttask, None)]
+    for dsk, keys in _graphs(engine, job, shared):
+        outputs.clear()
+        outputs.update(keys)
+        if engine._processes is not None:
+            dask.multiprocessing.get(dsk, keys, pool=engine._processes.pool(),
+                                     optimize_graph=False, chunksize=1, callbacks=callbacks)
+        elif engine.scheduler == "threads":
+            dask.threaded.get(dsk, keys, num_workers=engine.num_workers, callbacks=callbacks)
+        else:
+            dask.local.get_sync(dsk, keys, callbacks=callbacks)
+
+
+def _graphs(engine: Any, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, list]]:
+    skey = ("hn-dataset-shared",)
+    if job.source.kind == "dask":
+        delayed = job.source.frame.to_delayed()
+        dsk = {}
+        for d in delayed[:1]:  # the partitions share one graph
+            dsk.update(d.__dask_graph__())
+        dsk[skey] = DataNode(skey, shared)
+        keys = []
+        for part in _dask_parts(job, engine):
+            key = ("hn-dataset-part", part.index)
+            dsk[key] = Task(key, run_part, TaskRef(skey), part, TaskRef(delayed[part.index].key))
+            keys.append(key)
+        yield dsk, keys
+        return
+    for window in _windows(job, 4 * engine.workers()):
+        dsk = {skey: DataNode(skey, shared)}
+        keys = []
+        for part in window:
+            key = ("hn-dataset-part", part.index)
+            dsk[key] = Task(key, run_part, TaskRef(skey), part)
+            keys.append(key)
+        yield dsk, keys
+
+
+def _dask_parts(job: DatasetJob, engine: Any) -> list[Part]:
+    """One part per Dask partition, with offsets from a length pass run on the workers."""
+    lengths = job.source.frame.map_partitions(len)
+    if engine.scheduler == "distributed":
+        counts = engine.client.compute(lengths).result()
+    else:
+        counts = lengths.compute(scheduler="sync" if engine.scheduler == "sync" else "threads")
+    parts, offset = [], 0
+    for i, n in enumerate(int(x) for x in counts):
+        if i not in job.skip:
+            parts.append(Part(i, offset, n, None))
+        offset += n
+    job.source.n = offset
+    return parts
+
+
+# ------------------------------------------------------------------ distributed
+
+
+def check_workers_see(client: Any, job: DatasetJob) -> None:
+    """Raise before anything runs if some worker cannot see the ``into`` directory."""
+    out = job.task.out
+    if out.remote:
+        return  # object stores are reachable from every worker
+    marker = out.marker()
+    try:
+        seen = client.run(out.sees, marker)
+    finally:
+        out.drop(marker)
+    blind = sorted(w for w, ok in seen.items() if not ok)
+    if blind:
+        raise ValueError(
+            f"into={out.location!r} is not visible from Dask worker(s) {', '.join(blind)} "
+            "(another machine): the workers write the output files themselves. Use a "
+            "directory every worker sees (a shared filesystem) or an object-store URI such "
+            "as s3://bucket/prefix")
+
+
+def run_dataset_distributed(engine: Any, job: DatasetJob, report: Report) -> None:
+    from distributed import as_completed
+
+    client = engine.client
+    check_workers_see(client, job)
+    data, digest = _ship(job.task, "Dask workers")
+    [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
+    pending: dict[str, Any] = {}
+    try:
+        if job.source.kind == "dask":
+            frames = client.compute(job.source.frame.to_delayed())
+            futures = [client.submit(run_part, shared, p, frames[p.index], pure=False)
+                       for p in _dask_parts(job, engine)]
+            del frames
+            pending.update((f.key, f) for f in futures)
+            for future, result in as_completed(futures, loop=client.loop, with_results=True):
+                del pending[future.key]
+                report(result)
+            return
+        window = 4 * engine.workers()
+        parts = job.pending()
+        done = as_completed(loop=client.loop, with_results=True)
+        for part in islice(parts, window):
+            f = client.submit(run_part, shared, part, pure=False)
+            pending[f.key] = f
+            done.add(f)
+        for future, result in done:
+            del pending[future.key]
+            report(result)
+            for part in islice(parts, 1):  # keep the window full
+                f = client.submit(run_part, shared, part, pure=False)
+                pending[f.key] = f
+                done.add(f)
+    finally:
+        if pending:
+            client.cancel(list(pending.values()))
+        client.cancel([shared])

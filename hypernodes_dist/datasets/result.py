@@ -1,0 +1,95 @@
+"""``DatasetResult``: what ``map(..., into=...)`` returns -- a handle on the written dataset.
+
+Nothing here holds the rows: ``rows`` and ``failed`` come from the Parquet footers,
+``errors`` reads only the failed rows' ``_hn_row`` and ``_hn_error``, and ``to_arrow`` /
+``to_pandas`` / ``dataset`` read the directory when asked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ..sinks.arrow_types import decode_table
+from ..sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
+
+if TYPE_CHECKING:
+    import pandas
+    import pyarrow.dataset
+
+__all__ = ["DatasetResult"]
+
+_NODE = re.compile(r"^node '((?:[^']|'(?!: ))*)': (.*)$", re.DOTALL)
+
+
+class DatasetResult:
+    """The output of a dataset map: ``path``, ``rows``, ``failed``, ``errors`` and readers."""
+
+    def __init__(self, out: ParquetDataset, session_id: str = "") -> None:
+        self._out = out
+        self.session_id = session_id
+        rows = failed = 0
+        for n, bad in out.counts():
+            rows += n
+            failed += bad
+        self.rows: int = rows
+        self.failed: int = failed
+        self._errors: pa.Table | None = None
+
+    @property
+    def path(self) -> str:
+        """The ``into=`` directory, as given."""
+        return self._out.location
+
+    def dataset(self) -> pyarrow.dataset.Dataset:
+        """The output files as a ``pyarrow.dataset.Dataset`` (in ``_hn_row`` order)."""
+        import pyarrow.dataset as ds
+
+        return ds.dataset(self._out.part_files(), filesystem=self._out.filesystem,
+                          format="parquet")
+
+    def to_arrow(self) -> pa.Table:
+        """Every output row (pickled columns stay binary; see ``to_pandas``)."""
+        return self.dataset().to_table()
+
+    def to_pandas(self) -> pandas.DataFrame:
+        """Every output row; columns stored pickled come back as the Python objects."""
+        return decode_table(self.to_arrow())
+
+    @property
+    def errors(self) -> pa.Table:
+        """The failed rows: ``_hn_row`` (int64), ``node`` and ``error`` (strings)."""
+        if self._errors is None:
+            self._errors = self._read_errors()
+        return self._errors
+
+    def _read_errors(self) -> pa.Table:
+        import pyarrow.dataset as ds
+
+        rows: list[int] = []
+        nodes: list[str | None] = []
+        texts: list[str] = []
+        if self.failed:
+            table = self.dataset().to_table(columns=[ROW_COLUMN, ERROR_COLUMN],
+                                            filter=ds.field(ERROR_COLUMN).is_valid())
+            for row, text in zip(table.column(0).to_pylist(), table.column(1).to_pylist()):
+                m = _NODE.match(text)
+                rows.append(row)
+                nodes.append(m.group(1) if m else None)
+                texts.append(m.group(2) if m else text)
+        return pa.table({ROW_COLUMN: pa.array(rows, pa.int64()),
+                         "node": pa.array(nodes, pa.string()),
+                         "error": pa.array(texts, pa.string())})
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __repr__(self) -> str:
+        return f"DatasetResult(path={self.path!r}, rows={self.rows}, failed={self.failed})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, DatasetResult) and other.path == self.path
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,209 @@
+"""``map(source=..., into=...)``: bind columns, fix the output schema, check the manifest,
+hand the parts to the engine, and count what comes back.
+
+The driver never holds the rows: it reads file footers (or slices what is already in its
+memory), sends parts to the engine, and receives ``PartReport``s (counts and, with
+callbacks, events).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..batch import BatchSettings
+from ..engine import Engine
+from ..errors import GraphInputError
+from ..events import Dispatcher
+from ..inputs import check_inputs, check_on_error, check_select, expand, new_run_id, new_session_id
+from ..plan import Plan
+from ..sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
+from .job import DatasetJob, PartReport, PartTask
+from .manifest import check_manifest, new_manifest
+from .result import DatasetResult
+from .schema import output_schema
+from .source import ListSource, Source, is_frame, open_source
+
+__all__ = ["run_dataset", "bind_source", "default_part_rows", "reject_frames"]
+
+
+def default_part_rows(n: int | None, workers: int = 1) -> int:
+    """Rows per part: about 4 parts per worker, 1 000 .. 100 000 rows each."""
+    if not n:
+        return 100_000
+    return max(1_000, min(100_000, math.ceil(n / (4 * max(1, workers)))))
+
+
+def reject_frames(inputs: Mapping[str, Any], map_over: Iterable[str]) -> None:
+    """A table given as a mapped *value* would map over its column names: point to source=."""
+    for name in map_over:
+        kind = is_frame(inputs.get(name))
+        if kind:
+            raise TypeError(
+                f"map_over input {name!r} is a {kind}: a table is not a list of values "
+                f"(it would map over its column names). Pass it as "
+                f"graph.map(source=<the table>, columns={{{name!r}: '<column>'}}) to map over "
+                "its rows, or pass one column's values as a list"
+            )
+
+
+def bind_source(plan: Plan, source: Source, inputs: Mapping[str, Any],
+                columns: Mapping[str, str] | None) -> tuple[dict[str, str], dict[str, Any]]:
+    """``(graph input -> source column, broadcast inputs)``; errors name what is missing."""
+    columns = dict(columns or {})
+    available = set(source.columns)
+    bad = [k for k in columns if k not in plan.inputs]
+    if bad:
+        raise GraphInputError(
+            f"columns= maps {', '.join(map(repr, bad))}, which are not inputs of the graph; "
+            f"its inputs are {', '.join(plan.inputs) or 'none'}", bad)
+    absent = {k: c for k, c in columns.items() if c not in available}
+    if absent:
+        detail = ", ".join(f"{k!r} -> {c!r}" for k, c in absent.items())
+        raise GraphInputError(
+            f"columns= names source columns that do not exist ({detail}); the source's "
+            f"columns are {', '.join(source.columns)}", list(absent))
+    mapping: dict[str, str] = {}
+    for name in plan.inputs:
+        if name in inputs:
+            continue  # given explicitly: broadcast to every row
+        if name in columns:
+            mapping[name] = columns[name]
+        elif name in available:
+            mapping[name] = name
+    missing = [p for p in plan.required if p not in inputs and p not in mapping]
+    if missing:
+        raise GraphInputError(
+            f"required input(s) {', '.join(map(repr, missing))} found neither in the source's "
+            f"columns ({', '.join(source.columns) or 'none'}) nor in inputs; add them to inputs "
+            "or map them with columns={input: column}", missing)
+    if not mapping:
+        raise GraphInputError(
+            f"the graph reads no column of the source (graph inputs: "
+            f"{', '.join(plan.inputs) or 'none'}; source columns: {', '.join(source.columns)})",
+            [])
+    check_inputs(plan, {**dict(inputs), **dict.fromkeys(mapping)})
+    return mapping, dict(inputs)
+
+
+def _check_keep(source: Source, keep: Sequence[str], outputs: Sequence[str]) -> tuple[str, ...]:
+    keep = (keep,) if isinstance(keep, str) else tuple(keep)
+    unknown = [k for k in keep if k not in source.columns]
+    if unknown:
+        raise GraphInputError(
+            f"keep= names {', '.join(map(repr, unknown))}, not columns of the source (its "
+            f"columns are {', '.join(source.columns)})", unknown)
+    clash = [k for k in keep if k in outputs or k in (ROW_COLUMN, ERROR_COLUMN)]
+    if clash:
+        raise GraphInputError(
+            f"keep= column(s) {', '.join(map(repr, clash))} clash with output columns of the "
+            "same name; select other outputs or rename the source column", clash)
+    return keep
+
+
+def run_dataset(
+    plan: Plan,
+    engine: Engine,
+    *,
+    source: Any = None,
+    inputs: Mapping[str, Any] | None = None,
+    map_over: str | Iterable[str] | None = None,
+    map_mode: str = "zip",
+    columns: Mapping[str, str] | None = None,
+    keep: Sequence[str] = (),
+    into: Any = None,
+    overwrite: bool = False,
+    session_id: str | None = None,
+    select: Iterable[str] | None = None,
+    on_error: str = "raise",
+    progress: bool = False,
+    cache: Any = None,
+    callbacks: Sequence[Any] = (),
+) -> DatasetResult:
+    """Run a map whose rows come from ``source`` (or dict inputs) and write them ``into``."""
+    inputs = dict(inputs or {})
+    settings = BatchSettings(
+        session_id=session_id or new_session_id(), run_prefix=new_run_id() + "-",
+        select=check_select(plan, select), on_error=check_on_error(on_error), cache=cache,
+        want_events=bool(callbacks))
+    if source is not None:
+        src = open_source(source)
+        mapping, broadcast = bind_source(plan, src, inputs, columns)
+    else:
+        cols, broadcast, n = expand(plan, inputs, map_over, map_mode)  # type: ignore[arg-type]
+        src, mapping = ListSource(cols, n), {k: k for k in cols}
+    outputs = settings.select or plan.outputs
+    keep_t = _check_keep(src, keep, outputs)
+    out = ParquetDataset(into)
+    if cache is not None:
+        plan.code_ids()
+    manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
+    found = check_manifest(out, manifest, overwrite)
+    if found is not None:  # the same map ran here before: its partitioning and schema hold
+        rows_per_part, schema = found
+    else:
+        rows_per_part = _part_rows(engine, src.n)
+        schema = output_schema(plan, src, mapping, keep_t, outputs, broadcast, settings)
+    out.create()
+    out.clean_temporary()
+    manifest.update(rows_per_part=rows_per_part, schema=schema)
+    if found is None:
+        from .manifest import encode
+
+        out.write_manifest(encode(manifest))
+    task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out)
+    job = DatasetJob(task, src, rows_per_part, frozenset(out.finished()))
+    collector = DatasetCollector(job, callbacks, progress, engine.name)
+    try:
+        _execute(engine, job, collector.accept)
+    finally:
+        collector.close()
+    return DatasetResult(out, settings.session_id)
+
+
+def _part_rows(engine: Engine, n: int | None) -> int:
+    chooser = getattr(engine, "dataset_part_rows", None)
+    if callable(chooser):
+        return int(chooser(n))
+    return default_part_rows(n)
+
+
+def _execute(engine: Engine, job: DatasetJob, report: Any) -> None:
+    runner = getattr(engine, "execute_dataset", None)
+    if callable(runner):
+        runner(job, report)
+    else:
+        from .job import run_parts
+
+        run_parts(job, report)
+
+
+class DatasetCollector:
+    """Driver side of a dataset map: progress, callbacks and counts -- never rows."""
+
+    def __init__(self, job: DatasetJob, callbacks: Sequence[Any], progress: bool, engine: str):
+        self.callbacks = callbacks
+        self.dispatch = Dispatcher(callbacks)
+        self.done = self.failed = self.hits = 0
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=job.n, desc=f"map [{engine}] -> parquet", unit="item",
+                            dynamic_ncols=True)
+
+    def accept(self, report: PartReport) -> None:
+        self.done += report.n
+        self.failed += report.failed
+        self.hits += report.hits
+        if self.callbacks:
+            self.dispatch.all(report.events)
+        report.events = []
+        if self.bar is not None:
+            self.bar.set_postfix(cache_hits=self.hits, errors=self.failed, refresh=False)
+            self.bar.update(report.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

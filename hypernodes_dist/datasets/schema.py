@@ -1,0 +1,98 @@
+"""The output schema of a dataset map, fixed before any part runs.
+
+Columns, in order: the ``keep`` columns (their source types), the selected outputs, then
+``_hn_row`` (int64) and ``_hn_error`` (string). An output's type comes from its node's
+return annotation when that decides it, else from running the map's first ``PROBE_ROWS``
+items in the driver (through the shared executor and cache, so with a cache the workers
+reuse them); see ``sinks.arrow_types`` for the rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from ..batch import BatchSettings, Chunk, execute_batch
+from ..plan import MISSING, Plan
+from ..sinks.arrow_types import annotation_type, field_for, infer_type
+from ..sinks.parquet import ERROR_COLUMN, ROW_COLUMN
+from .source import Source
+
+__all__ = ["output_schema", "PROBE_ROWS"]
+
+PROBE_ROWS = 50
+
+
+def output_schema(plan: Plan, source: Source, mapping: dict[str, str], keep: Sequence[str],
+                  outputs: Sequence[str], broadcast: dict[str, Any],
+                  settings: BatchSettings) -> pa.Schema:
+    known = source.fields()
+    decided: dict[str, pa.DataType | None] = {}
+    for name in outputs:
+        typ = _annotated(plan, name)
+        if typ is not None:
+            decided[name] = typ or None  # False: pickled
+    probe_keep = [k for k in keep if k not in known]
+    undecided = [o for o in outputs if o not in decided]
+    if undecided or probe_keep:
+        cols = list(dict.fromkeys([*mapping.values(), *probe_keep]))
+        head = source.head(PROBE_ROWS, cols)
+        for k in probe_keep:
+            decided[k] = infer_type(head[k])
+        if undecided:
+            decided.update(_probe(plan, head, mapping, undecided, broadcast, settings))
+    fields = [known[k] if k in known else field_for(k, decided[k]) for k in keep]
+    fields += [field_for(o, decided[o]) for o in outputs]
+    fields += [pa.field(ROW_COLUMN, pa.int64(), nullable=False),
+               pa.field(ERROR_COLUMN, pa.string())]
+    return pa.schema(fields)
+
+
+def _annotated(plan: Plan, output: str) -> pa.DataType | bool | None:
+    """The Arrow type the producers' return annotations give ``output`` (all must agree)."""
+    found: list[Any] = []
+    for name in plan.producers.get(output, ()):
+        node = plan.by_name[name]
+        ann = _return_annotation(node.func)
+        if ann is None:
+            return None
+        if len(node.outputs) > 1:
+            args = typing.get_args(ann)
+            if typing.get_origin(ann) is not tuple or len(args) != len(node.outputs):
+                return None
+            ann = args[node.outputs.index(output)]
+        found.append(annotation_type(ann))
+    if not found or any(f is None for f in found) or any(f != found[0] for f in found):
+        return None
+    return found[0]
+
+
+def _return_annotation(func: Any) -> Any:
+    if func is None:
+        return None
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # unresolvable forward references: the probe decides
+        return None
+    return hints.get("return")
+
+
+def _probe(plan: Plan, head: dict[str, list[Any]], mapping: dict[str, str],
+           outputs: list[str], broadcast: dict[str, Any],
+           settings: BatchSettings) -> dict[str, pa.DataType | None]:
+    n = min((len(v) for v in head.values()), default=0)
+    if n == 0:
+        return {o: None for o in outputs}
+    probe = dataclasses.replace(settings, on_error="collect", want_events=False,
+                                select=tuple(outputs))
+    chunk = Chunk(0, n, {k: head[c][:n] for k, c in mapping.items()}, broadcast)
+    batch = execute_batch(plan, chunk, probe)
+    out = {}
+    for o in outputs:
+        values = [None if v is MISSING else v for v in batch.outputs.get(o, [])]
+        out[o] = infer_type(values)
+    return out

@@ -1,0 +1,178 @@
+"""The ``into=`` directory: a plain Parquet dataset written part by part, by the workers.
+
+- one file per part, ``part-000042.parquet``: a part's rows are written to a temporary
+  ``.hn-tmp-*`` name in the same directory and renamed into place, so an output file
+  appears complete or not at all (on object stores a finished upload is atomic too);
+- every other file the map keeps there starts with ``_`` or ``.`` (``_hn_manifest.json``,
+  temporary files), so pyarrow, Daft and Dask read the directory as a dataset as it is;
+- ``finished()`` lists the parts whose file exists: a rerun skips them.
+
+Local paths and URIs (``s3://``, ``gs://``, ``file://``) go through ``pyarrow.fs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["ParquetDataset", "MANIFEST", "ERROR_COLUMN", "ROW_COLUMN"]
+
+MANIFEST = "_hn_manifest.json"
+ROW_COLUMN = "_hn_row"
+ERROR_COLUMN = "_hn_error"
+_PART = re.compile(r"^part-(\d+)\.parquet$")
+
+
+class ParquetDataset:
+    """The output directory of a dataset map (picklable: a path and a pyarrow filesystem)."""
+
+    def __init__(self, location: str | os.PathLike[str]) -> None:
+        import pyarrow.fs as pafs
+
+        where = os.fspath(location)
+        self.location = where
+        self.remote = "://" in where and not where.startswith("file://")
+        if "://" in where:
+            self.filesystem, self.root = pafs.FileSystem.from_uri(where)
+        else:
+            self.filesystem = pafs.LocalFileSystem()
+            self.root = os.path.abspath(os.path.expanduser(where))
+        self.root = self.root.rstrip("/") or "/"
+
+    def __repr__(self) -> str:
+        return f"ParquetDataset({self.location!r})"
+
+    # -- paths -------------------------------------------------------------------------
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    @staticmethod
+    def part_name(index: int) -> str:
+        return f"part-{index:06d}.parquet"
+
+    def create(self) -> None:
+        self.filesystem.create_dir(self.root, recursive=True)
+
+    def listing(self) -> list[str]:
+        """Names of the files directly in the directory (empty if it does not exist)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.root, recursive=False, allow_not_found=True)
+        return sorted(i.base_name for i in self.filesystem.get_file_info(selector)
+                      if i.type == pafs.FileType.File)
+
+    def finished(self) -> set[int]:
+        """Parts whose output file exists (complete: files appear by rename)."""
+        return {int(m.group(1)) for name in self.listing() if (m := _PART.match(name))}
+
+    def part_files(self) -> list[str]:
+        return [self.path(n) for n in self.listing() if _PART.match(n)]
+
+    # -- writing -----------------------------------------------------------------------
+    def write_part(self, index: int, table: pa.Table) -> str:
+        """Write one part's table: temporary name, then rename into place."""
+        import pyarrow.parquet as pq
+
+        final = self.path(self.part_name(index))
+        tmp = self.path(f".hn-tmp-{index:06d}-{uuid.uuid4().hex[:12]}.parquet")
+        try:
+            pq.write_table(table, tmp, filesystem=self.filesystem,
+                           row_group_size=min(max(table.num_rows, 1), 1 << 17))
+            self.filesystem.move(tmp, final)
+        except BaseException:
+            self._remove(tmp)
+            raise
+        return final
+
+    def adopt(self, index: int, written: str) -> str:
+        """Move a file written elsewhere in the directory (by Daft) into part ``index``."""
+        final = self.path(self.part_name(index))
+        self.filesystem.move(written, final)
+        return final
+
+    def temp_path(self, index: int) -> str:
+        return self.path(f".hn-tmp-{index:06d}-{uuid.uuid4().hex[:12]}.parquet")
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.filesystem.delete_file(path)
+        except (OSError, FileNotFoundError):
+            pass
+
+    def clear(self) -> None:
+        """Delete every file of a previous map here (``overwrite=True``)."""
+        for name in self.listing():
+            if _PART.match(name) or name.startswith(".hn-") or name == MANIFEST:
+                self._remove(self.path(name))
+
+    def clean_temporary(self) -> None:
+        """Temporary files a crashed run left behind."""
+        for name in self.listing():
+            if name.startswith(".hn-tmp-"):
+                self._remove(self.path(name))
+
+    def unknown_files(self) -> list[str]:
+        """Files here that a map did not write (``into=`` must not mix with other data)."""
+        return [n for n in self.listing()
+                if not (_PART.match(n) or n.startswith((".", "_")))]
+
+    # -- manifest ----------------------------------------------------------------------
+    def read_manifest(self) -> dict[str, Any] | None:
+        try:
+            with self.filesystem.open_input_stream(self.path(MANIFEST)) as f:
+                return json.loads(f.read().decode())
+        except (FileNotFoundError, OSError):
+            return None
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        tmp = self.path(f".hn-manifest-{uuid.uuid4().hex[:12]}.json")
+        with self.filesystem.open_output_stream(tmp) as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+        self.filesystem.move(tmp, self.path(MANIFEST))
+
+    # -- reading back ------------------------------------------------------------------
+    def counts(self) -> Iterator[tuple[int, int]]:
+        """``(rows, failed rows)`` of every part file, from the Parquet footers only."""
+        import pyarrow.parquet as pq
+
+        for path in self.part_files():
+            with self.filesystem.open_input_file(path) as f:
+                meta = pq.ParquetFile(f).metadata
+            col = meta.schema.names.index(ERROR_COLUMN)
+            ok = 0
+            for g in range(meta.num_row_groups):
+                stats = meta.row_group(g).column(col).statistics
+                nulls = stats.null_count if stats is not None and stats.has_null_count else None
+                if nulls is None:  # no statistics: count by reading the column
+                    return self._count_by_reading()
+                ok += nulls
+            yield meta.num_rows, meta.num_rows - ok
+
+    def _count_by_reading(self) -> Iterator[tuple[int, int]]:
+        import pyarrow.parquet as pq
+
+        for path in self.part_files():
+            col = pq.read_table(path, columns=[ERROR_COLUMN], filesystem=self.filesystem)
+            yield col.num_rows, col.num_rows - col.column(0).null_count
+
+    # -- visibility from other machines ------------------------------------------------
+    def marker(self) -> str:
+        """Create a marker file here; a worker that cannot see it cannot see the directory."""
+        name = self.path(f".hn-visible-{uuid.uuid4().hex[:12]}")
+        with self.filesystem.open_output_stream(name) as f:
+            f.write(b"hypernodes")
+        return name
+
+    def sees(self, marker: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.filesystem.get_file_info(marker).type == pafs.FileType.File
+
+    def drop(self, marker: str) -> None:
+        self._remove(marker)
