@@ -18,7 +18,7 @@ from hypernodes_dist.inputs import (
 )
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import Plan, compile_plan
-from hypernodes_dist.results import GraphResult, MapResult
+from hypernodes_dist.results import GraphResult
 from hypernodes_dist.run.checkpoint import Checkpoint, restore
 from hypernodes_dist.run.graphrun import GraphRun
 from hypernodes_dist.run.maprun import run_map
@@ -224,20 +224,57 @@ class Graph:
     # ------------------------------------------------------------------ map
     def map(
         self,
-        inputs: Mapping[str, Any],
-        map_over: str | Iterable[str],
+        inputs: Mapping[str, Any] | None = None,
+        map_over: str | Iterable[str] | None = None,
         map_mode: str = "zip",
         session_id: str | None = None,
         select: Iterable[str] | None = None,
         on_error: str = "raise",
         progress: bool = False,
-    ) -> MapResult:
-        """Run every item (zip or product of ``map_over``) on the graph's engine, in order."""
+        *,
+        source: Any = None,
+        columns: Mapping[str, str] | None = None,
+        keep: Sequence[str] = (),
+        into: Any = None,
+        overwrite: bool = False,
+    ) -> Any:
+        """Run every item on the graph's engine: a ``MapResult`` in item order, or with
+        ``into=`` a ``DatasetResult`` (Parquet files written by the workers).
+
+        Items are the zip/product of ``map_over`` over ``inputs``, or the rows of
+        ``source`` (a Parquet path/glob/URI, a pyarrow Table/RecordBatchReader/Dataset, a
+        pandas, Dask or Daft DataFrame; ``columns={input: column}`` renames, ``keep``
+        copies source columns into the output rows). See the README, "Datasets".
+        """
+        if source is not None and map_over is not None:
+            raise ValueError(
+                "map() takes map_over or source=, not both: with a source every row is one "
+                "item (rename columns with columns={input: column})")
+        if source is None and map_over is None:
+            raise ValueError("map() needs map_over (the inputs to map over) or source=")
+        if into is not None or source is not None:
+            # pyarrow (and pandas/dask/daft for their sources) load only for dataset maps
+            from hypernodes_dist.datasets import read_columns, run_dataset
+
+            if into is not None:
+                return run_dataset(
+                    self.plan, self.engine, source=source, inputs=inputs, map_over=map_over,
+                    map_mode=map_mode, columns=columns, keep=keep, into=into,
+                    overwrite=overwrite, session_id=session_id, select=select,
+                    on_error=on_error, progress=progress, cache=self.cache,
+                    callbacks=self.callbacks)
+            if keep:
+                raise ValueError("keep= copies source columns into the rows written with "
+                                 "into=; without into= the results are a MapResult")
+            mapped, broadcast = read_columns(self.plan, source, inputs or {}, columns)
+            inputs, map_over = {**broadcast, **mapped}, list(mapped)
+        elif columns is not None or keep or overwrite:
+            raise ValueError("columns=, keep= and overwrite= apply to source= / into= maps")
         return run_map(
             self.plan,
             self.engine,
-            inputs,
-            map_over,
+            inputs or {},
+            map_over,  # type: ignore[arg-type]
             map_mode=map_mode,
             session_id=session_id,
             select=select,

@@ -9,7 +9,7 @@ from typing import Any
 from hypernodes_dist.errors import GraphInputError
 from hypernodes_dist.plan import Plan
 
-__all__ = ["check_inputs", "expand", "check_select", "check_on_error", "new_session_id", "new_run_id"]
+__all__ = ["check_inputs", "expand", "frame_kind", "check_select", "check_on_error", "new_session_id", "new_run_id"]
 
 
 def new_session_id() -> str:
@@ -103,9 +103,35 @@ def expand(
     return columns, broadcast, len(rows)
 
 
+_FRAMES = {
+    "pyarrow": ("Table", "RecordBatch", "RecordBatchReader", "Dataset", "FileSystemDataset",
+                "InMemoryDataset", "UnionDataset"),
+    "pandas": ("DataFrame",),
+    "dask": ("DataFrame",),
+    "daft": ("DataFrame",),
+}
+
+
+def frame_kind(value: Any) -> str | None:
+    """``"pandas.DataFrame"`` etc. when ``value`` is a table (a source, not a list of
+    values); ``None`` otherwise. Checks names only: imports none of these libraries."""
+    cls = type(value)
+    top = (cls.__module__ or "").split(".")[0]
+    if cls.__name__ in _FRAMES.get(top, ()):
+        return f"{top}.{cls.__name__}"
+    return None
+
+
 def _as_list(name: str, value: Any) -> list[Any]:
     if isinstance(value, list):
         return value
+    kind = frame_kind(value)
+    if kind is not None:
+        raise TypeError(
+            f"map_over input {name!r} is a {kind}: a table is not a list of values (it would "
+            f"map over its column names). Map over its rows with graph.map(source=<the "
+            f"table>, columns={{{name!r}: '<column>'}}, ...), or pass one column as a list"
+        )
     if isinstance(value, (str, bytes, bytearray, Mapping)) or value is None:
         raise GraphInputError(
             f"map_over parameter {name!r} must be a list-like sequence of values, got "

@@ -8,11 +8,11 @@ The Parquet writer is ``hypernodes_dist.sinks.parquet``.
 
 from __future__ import annotations
 
-from .job import DatasetJob, PartReport, PartTask, run_parts
-from .parts import Part
-from .result import DatasetResult
-from .run import default_part_rows, reject_frames, run_dataset
-from .source import Source, open_source
+from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask
+from hypernodes_dist.datasets.parts import Part
+from hypernodes_dist.datasets.result import DatasetResult
+from hypernodes_dist.datasets.run import read_columns, run_dataset
+from hypernodes_dist.datasets.source import Source, open_source
 
 __all__ = ["DatasetResult", "DatasetJob", "PartTask", "PartReport", "Part", "Source",
-           "open_source", "run_dataset", "run_parts", "default_part_rows", "reject_frames"]
+           "open_source", "run_dataset", "read_columns"]

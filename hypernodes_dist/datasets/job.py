@@ -8,22 +8,24 @@ return a ``PartReport`` -- counts, not rows -- to the driver.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from ..batch import BatchResult, BatchSettings, Chunk, execute_batch
-from ..context import worker_id
-from ..events import Event
-from ..plan import MISSING, Plan
-from ..sinks.arrow_types import ValueTypeError, misfits, to_array
-from ..sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
-from .parts import Part
-from .source import Source
+from hypernodes_dist.cache.keys import batch_writes
+from hypernodes_dist.datasets.parts import Part
+from hypernodes_dist.datasets.source import Source
+from hypernodes_dist.events import Event
+from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
+from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.sinks.arrow_types import ValueTypeError, misfits, to_array
+from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
-__all__ = ["DatasetJob", "PartTask", "PartReport", "error_text", "run_parts"]
+__all__ = ["DatasetJob", "PartTask", "PartReport", "OutputTypeError", "error_text"]
 
 
 @dataclass
@@ -63,6 +65,11 @@ class PartTask:
     def read_columns(self) -> list[str]:
         return list(dict.fromkeys([*self.mapping.values(), *self.keep]))
 
+    @property
+    def computed_fields(self) -> list[pa.Field]:
+        """The fields ``compute`` returns: the outputs, ``_hn_row``, ``_hn_error``."""
+        return [f for f in self.schema if f.name not in self.keep]
+
     def run(self, part: Part, step: int | None = None, writes: Any = None,
             data: dict[str, Any] | None = None) -> PartReport:
         """Compute and write one part (``step``: items per executor call; ``data``: rows
@@ -70,21 +77,35 @@ class PartTask:
         data = part.read(self.read_columns) if data is None else data
         values = {name: _pylist(data[col]) for name, col in self.mapping.items()}
         report = PartReport(part.index, part.offset, part.n, worker=worker_id())
-        wanted = [f.name for f in self.schema if f.name not in self.keep
-                  and f.name not in (ROW_COLUMN, ERROR_COLUMN)]
-        outputs: dict[str, list[Any]] = {name: [] for name in wanted}
+        computed = self.compute(part.offset, part.n, values, report, step, writes)
+        arrays = [_keep_array(f, data[f.name]) if f.name in self.keep else computed[f.name]
+                  for f in self.schema]
+        self.out.write_part(part.index, pa.Table.from_arrays(arrays, schema=self.schema))
+        return report
+
+    def compute(self, offset: int, n: int, values: dict[str, list[Any]], report: PartReport,
+                step: int | None = None, writes: Any = None) -> dict[str, pa.Array]:
+        """Items ``offset .. offset + n`` (mapped ``values``) through the plan: their output,
+        ``_hn_row`` and ``_hn_error`` arrays; counts and events go to ``report``."""
+        outputs: dict[str, list[Any]] = {
+            f.name: [] for f in self.computed_fields if f.name not in (ROW_COLUMN, ERROR_COLUMN)}
         errors: dict[int, BaseException] = {}
-        step = max(1, step or part.n)
-        for a in range(0, part.n, step):
-            b = min(a + step, part.n)
-            chunk = Chunk(part.offset + a, b - a, {k: v[a:b] for k, v in values.items()},
+        step = max(1, step or n)
+        for a in range(0, n, step):
+            b = min(a + step, n)
+            chunk = Chunk(offset + a, b - a, {k: v[a:b] for k, v in values.items()},
                           self.broadcast)
             batch = execute_batch(self.plan, chunk, self.settings, writes)
             self._collect(batch, a, outputs, errors, report)
-        table = self._table(part, data, outputs, errors)
-        report.failed = len(errors)
-        self.out.write_part(part.index, table)
-        return report
+        arrays = {f.name: self._output_array(f, outputs[f.name], offset, errors)
+                  for f in self.computed_fields if f.name in outputs}
+        arrays[ROW_COLUMN] = pa.array(range(offset, offset + n), pa.int64())
+        texts = [None] * n
+        for i, exc in errors.items():
+            texts[i] = error_text(exc)
+        arrays[ERROR_COLUMN] = pa.array(texts, pa.string())
+        report.failed += len(errors)
+        return arrays
 
     def _collect(self, batch: BatchResult, a: int, outputs: dict[str, list[Any]],
                  errors: dict[int, BaseException], report: PartReport) -> None:
@@ -100,25 +121,7 @@ class PartTask:
         report.hits += batch.hits
         report.events.extend(batch.events)
 
-    def _table(self, part: Part, data: dict[str, Any], outputs: dict[str, list[Any]],
-               errors: dict[int, BaseException]) -> pa.Table:
-        arrays: list[Any] = []
-        for f in self.schema:
-            if f.name in self.keep:
-                arrays.append(_keep_array(f, data[f.name]))
-            elif f.name == ROW_COLUMN:
-                arrays.append(pa.array(range(part.offset, part.offset + part.n), pa.int64()))
-            elif f.name == ERROR_COLUMN:
-                arrays.append(None)  # filled last: converting outputs may fail items
-            else:
-                arrays.append(self._output_array(f, outputs[f.name], part, errors))
-        texts = [None] * part.n
-        for i, exc in errors.items():
-            texts[i] = error_text(exc)
-        arrays[self.schema.get_field_index(ERROR_COLUMN)] = pa.array(texts, pa.string())
-        return pa.Table.from_arrays(arrays, schema=self.schema)
-
-    def _output_array(self, f: pa.Field, values: list[Any], part: Part,
+    def _output_array(self, f: pa.Field, values: list[Any], offset: int,
                       errors: dict[int, BaseException]) -> pa.Array:
         try:
             return to_array(f, values)
@@ -127,13 +130,13 @@ class PartTask:
         node = self._producer(f.name)
         first = bad[0]
         problem = OutputTypeError(
-            f"node {node!r}: output {f.name!r} of item {part.offset + first} is "
+            f"node {node!r}: output {f.name!r} of item {offset + first} is "
             f"{type(values[first]).__name__} {values[first]!r:.80}, which does not fit the "
             f"output column's Arrow type {f.type} (taken from the node's return annotation "
             "or the map's first items); annotate the node's return type (-> object stores "
             "any value pickled)")
         problem.hn_node = node  # type: ignore[attr-defined]
-        problem.hn_item = part.offset + first  # type: ignore[attr-defined]
+        problem.hn_item = offset + first  # type: ignore[attr-defined]
         if self.settings.on_error == "raise":
             raise problem
         for i in bad:
@@ -180,20 +183,16 @@ class DatasetJob:
     def n(self) -> int | None:
         return self.source.n
 
+    def run_here(self, report: Callable[[PartReport], None], step: int | None = None) -> None:
+        """Run the pending parts one after another in this process, sharing one cache write
+        buffer (the local engine, and engines without a dataset pipeline of their own)."""
+        with batch_writes(self.settings.cache, None) as writes:
+            for part in self.pending():
+                report(self.task.run(part, step, writes))
+
     def pending(self) -> Iterator[Part]:
         """The parts without an output file, in order (streamed: a stream source is read
         as the parts are consumed)."""
         for part in self.source.parts(self.rows_per_part):
             if part.index not in self.skip:
                 yield part
-
-
-def run_parts(job: DatasetJob, report: Any, step: int | None = None,
-              parts: Sequence[Part] | None = None) -> None:
-    """Run parts one after another in this process (the local engine and the fallback of
-    engines without a dataset pipeline of their own)."""
-    from ..keys import batch_writes
-
-    with batch_writes(job.settings.cache, None) as writes:
-        for part in parts if parts is not None else job.pending():
-            report(job.task.run(part, step, writes))

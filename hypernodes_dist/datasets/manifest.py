@@ -15,10 +15,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..hashing import hash_value
-from ..plan import Plan
-from ..sinks.parquet import MANIFEST, ParquetDataset
-from .source import Source
+from hypernodes_dist.cache.hashing import hash_value
+from hypernodes_dist.datasets.source import Source
+from hypernodes_dist.plan import Plan
+from hypernodes_dist.sinks.parquet import MANIFEST, ParquetDataset
 
 __all__ = ["new_manifest", "check_manifest", "encode"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..sinks.arrow_types import decode_column, is_pickled
+from hypernodes_dist.sinks.arrow_types import decode_column, is_pickled
 
 __all__ = ["Part", "FilePiece", "ParquetReader", "TableReader", "ListReader", "PandasReader",
            "table_columns"]

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..sinks.arrow_types import decode_table
-from ..sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
+from hypernodes_dist.sinks.arrow_types import decode_table
+from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
 if TYPE_CHECKING:
     import pandas

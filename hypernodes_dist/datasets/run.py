@@ -8,44 +8,32 @@ callbacks, events).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..batch import BatchSettings
-from ..engine import Engine
-from ..errors import GraphInputError
-from ..events import Dispatcher
-from ..inputs import check_inputs, check_on_error, check_select, expand, new_run_id, new_session_id
-from ..plan import Plan
-from ..sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
-from .job import DatasetJob, PartReport, PartTask
-from .manifest import check_manifest, new_manifest
-from .result import DatasetResult
-from .schema import output_schema
-from .source import ListSource, Source, is_frame, open_source
+from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask
+from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manifest
+from hypernodes_dist.datasets.result import DatasetResult
+from hypernodes_dist.datasets.schema import output_schema
+from hypernodes_dist.datasets.source import ListSource, Source, open_source
+from hypernodes_dist.errors import GraphInputError
+from hypernodes_dist.events import Dispatcher
+from hypernodes_dist.execution.job import BatchSettings
+from hypernodes_dist.inputs import (
+    check_inputs,
+    check_on_error,
+    check_select,
+    expand,
+    new_run_id,
+    new_session_id,
+)
+from hypernodes_dist.plan import Plan
+from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
-__all__ = ["run_dataset", "bind_source", "default_part_rows", "reject_frames"]
+if TYPE_CHECKING:
+    from hypernodes_dist.engines.base import Engine
 
-
-def default_part_rows(n: int | None, workers: int = 1) -> int:
-    """Rows per part: about 4 parts per worker, 1 000 .. 100 000 rows each."""
-    if not n:
-        return 100_000
-    return max(1_000, min(100_000, math.ceil(n / (4 * max(1, workers)))))
-
-
-def reject_frames(inputs: Mapping[str, Any], map_over: Iterable[str]) -> None:
-    """A table given as a mapped *value* would map over its column names: point to source=."""
-    for name in map_over:
-        kind = is_frame(inputs.get(name))
-        if kind:
-            raise TypeError(
-                f"map_over input {name!r} is a {kind}: a table is not a list of values "
-                f"(it would map over its column names). Pass it as "
-                f"graph.map(source=<the table>, columns={{{name!r}: '<column>'}}) to map over "
-                "its rows, or pass one column's values as a list"
-            )
+__all__ = ["run_dataset", "bind_source", "read_columns"]
 
 
 def bind_source(plan: Plan, source: Source, inputs: Mapping[str, Any],
@@ -85,6 +73,22 @@ def bind_source(plan: Plan, source: Source, inputs: Mapping[str, Any],
             [])
     check_inputs(plan, {**dict(inputs), **dict.fromkeys(mapping)})
     return mapping, dict(inputs)
+
+
+def read_columns(plan: Plan, source: Any, inputs: Mapping[str, Any],
+                 columns: Mapping[str, str] | None) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The mapped columns of ``source`` as lists in the driver (a map without ``into=``
+    returns every row in memory anyway), and the broadcast inputs."""
+    src = open_source(source)
+    mapping, broadcast = bind_source(plan, src, inputs, columns)
+    needed = list(dict.fromkeys(mapping.values()))
+    values: dict[str, list[Any]] = {k: [] for k in mapping}
+    for part in src.parts(100_000):
+        data = part.read(needed)
+        for name, col in mapping.items():
+            got = data[col]
+            values[name].extend(got if isinstance(got, list) else got.to_pylist())
+    return values, broadcast
 
 
 def _check_keep(source: Source, keep: Sequence[str], outputs: Sequence[str]) -> tuple[str, ...]:
@@ -143,40 +147,21 @@ def run_dataset(
     if found is not None:  # the same map ran here before: its partitioning and schema hold
         rows_per_part, schema = found
     else:
-        rows_per_part = _part_rows(engine, src.n)
+        rows_per_part = engine.dataset_part_rows(src.n)
         schema = output_schema(plan, src, mapping, keep_t, outputs, broadcast, settings)
     out.create()
     out.clean_temporary()
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:
-        from .manifest import encode
-
         out.write_manifest(encode(manifest))
     task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out)
     job = DatasetJob(task, src, rows_per_part, frozenset(out.finished()))
     collector = DatasetCollector(job, callbacks, progress, engine.name)
     try:
-        _execute(engine, job, collector.accept)
+        engine.execute_dataset(job, collector.accept)
     finally:
         collector.close()
     return DatasetResult(out, settings.session_id)
-
-
-def _part_rows(engine: Engine, n: int | None) -> int:
-    chooser = getattr(engine, "dataset_part_rows", None)
-    if callable(chooser):
-        return int(chooser(n))
-    return default_part_rows(n)
-
-
-def _execute(engine: Engine, job: DatasetJob, report: Any) -> None:
-    runner = getattr(engine, "execute_dataset", None)
-    if callable(runner):
-        runner(job, report)
-    else:
-        from .job import run_parts
-
-        run_parts(job, report)
 
 
 class DatasetCollector:

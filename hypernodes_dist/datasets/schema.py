@@ -16,11 +16,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..batch import BatchSettings, Chunk, execute_batch
-from ..plan import MISSING, Plan
-from ..sinks.arrow_types import annotation_type, field_for, infer_type
-from ..sinks.parquet import ERROR_COLUMN, ROW_COLUMN
-from .source import Source
+from hypernodes_dist.datasets.source import Source
+from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.job import BatchSettings, Chunk
+from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.sinks.arrow_types import annotation_type, field_for, infer_type
+from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN
 
 __all__ = ["output_schema", "PROBE_ROWS"]
 

@@ -24,7 +24,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from .parts import FilePiece, ListReader, PandasReader, ParquetReader, Part, TableReader
+from hypernodes_dist.cache.hashing import hash_value
+from hypernodes_dist.datasets.parts import (
+    FilePiece,
+    ListReader,
+    PandasReader,
+    ParquetReader,
+    Part,
+    TableReader,
+)
+from hypernodes_dist.inputs import frame_kind
 
 __all__ = ["Source", "ParquetSource", "TableSource", "PandasSource", "StreamSource",
            "ListSource", "DaskSource", "DaftSource", "open_source", "is_frame"]
@@ -80,6 +89,8 @@ class ParquetSource(Source):
         if not paths:
             raise ValueError(f"source {where!r} holds no Parquet files")
         self.paths, self.filesystem, self.where = paths, filesystem, where
+        scheme = where.split("://", 1)[0] if "://" in where else ""
+        self.uri_prefix = f"{scheme}://" if scheme and scheme != "file" else ""
         self.row_groups: list[list[int]] = []
         sizes = []
         schema = None
@@ -254,9 +265,7 @@ class ListSource(Source):
         self.n = n
 
     def fingerprint(self) -> str:
-        from ..hashing import hash_value
-
-        return _digest(n=self.n, cols=[(k, hash_value(v)) for k, v in self.data.items()])
+        return _digest(self.n, [(k, hash_value(v)) for k, v in self.data.items()])
 
     def parts(self, rows: int) -> Iterator[Part]:
         rows = max(1, rows)
@@ -377,20 +386,8 @@ def _daft_schema(frame: Any) -> pa.Schema:
 
 
 def is_frame(value: Any) -> str | None:
-    """The kind of table-like ``value`` is (a source, not a mapped value), else ``None``."""
-    if isinstance(value, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)):
-        return type(value).__name__
-    module = type(value).__module__ or ""
-    name = type(value).__name__
-    if module.startswith("pandas") and name == "DataFrame":
-        return "pandas.DataFrame"
-    if module.startswith("daft") and name == "DataFrame":
-        return "daft.DataFrame"
-    if module.startswith("dask") and name == "DataFrame":
-        return "dask.dataframe.DataFrame"
-    if module.startswith("pyarrow") and "Dataset" in name:
-        return "pyarrow.dataset.Dataset"
-    return None
+    """The kind of table ``value`` is (a source, not a list of values), else ``None``."""
+    return frame_kind(value)
 
 
 def open_source(source: Any) -> Source:
@@ -404,12 +401,12 @@ def open_source(source: Any) -> Source:
     if isinstance(source, pa.RecordBatchReader):
         return StreamSource(source.schema, iter(source), None,
                             _digest("stream", source.schema.to_string()))
-    kind = is_frame(source)
-    if kind == "pyarrow.dataset.Dataset":
+    kind = frame_kind(source)
+    if kind is not None and kind.endswith("Dataset"):
         return _dataset_source(source)
     if kind == "pandas.DataFrame":
         return PandasSource(source)
-    if kind == "dask.dataframe.DataFrame":
+    if kind == "dask.DataFrame":
         return DaskSource(source)
     if kind == "daft.DataFrame":
         return DaftSource(source)

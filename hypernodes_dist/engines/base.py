@@ -8,7 +8,9 @@ keys, result assembly, events, progress, error policy — is the core's.
 
 from __future__ import annotations
 
-from typing import ClassVar
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from hypernodes_dist.execution.job import MapJob, Sink
 
@@ -26,6 +28,23 @@ class Engine:
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         """Run every item of ``job``; call ``sink`` with each ``BatchResult`` in the driver."""
         raise NotImplementedError(f"{type(self).__name__} does not implement execute_map")
+
+    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
+        """Run every pending part of a dataset map (``hypernodes_dist.datasets.DatasetJob``):
+        each part is read, computed and written where it runs; ``report`` receives its
+        ``PartReport`` in the driver. Default: the parts one after another, here."""
+        job.run_here(report)
+
+    def dataset_workers(self) -> int:
+        """Parts that run at once (sizes the parts of a dataset map)."""
+        return 1
+
+    def dataset_part_rows(self, n: int | None) -> int:
+        """Rows per part (one output file each) of a dataset map over ``n`` rows: about 4
+        parts per worker, 1 000 .. 100 000 rows each (a stream of unknown length: 100 000)."""
+        if not n:
+            return 100_000
+        return max(1_000, min(100_000, math.ceil(n / (4 * max(1, self.dataset_workers())))))
 
     def close(self) -> None:
         """Release what the engine started (clusters, pools). Idempotent."""

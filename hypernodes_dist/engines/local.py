@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
@@ -52,6 +53,10 @@ class GraphEngine(Engine):
             finally:
                 for f in futures:
                     f.cancel()
+
+    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
+        """Parts one after another, each streamed through the executor in batches."""
+        job.run_here(report, step=self.batch_size)
 
     def __repr__(self) -> str:
         return (

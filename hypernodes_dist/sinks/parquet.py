@@ -86,7 +86,7 @@ class ParquetDataset:
                            row_group_size=min(max(table.num_rows, 1), 1 << 17))
             self.filesystem.move(tmp, final)
         except BaseException:
-            self._remove(tmp)
+            self.remove(tmp)
             raise
         return final
 
@@ -99,7 +99,8 @@ class ParquetDataset:
     def temp_path(self, index: int) -> str:
         return self.path(f".hn-tmp-{index:06d}-{uuid.uuid4().hex[:12]}.parquet")
 
-    def _remove(self, path: str) -> None:
+    def remove(self, path: str) -> None:
+        """Delete ``path`` if it exists."""
         try:
             self.filesystem.delete_file(path)
         except (OSError, FileNotFoundError):
@@ -109,13 +110,13 @@ class ParquetDataset:
         """Delete every file of a previous map here (``overwrite=True``)."""
         for name in self.listing():
             if _PART.match(name) or name.startswith(".hn-") or name == MANIFEST:
-                self._remove(self.path(name))
+                self.remove(self.path(name))
 
     def clean_temporary(self) -> None:
         """Temporary files a crashed run left behind."""
         for name in self.listing():
             if name.startswith(".hn-tmp-"):
-                self._remove(self.path(name))
+                self.remove(self.path(name))
 
     def unknown_files(self) -> list[str]:
         """Files here that a map did not write (``into=`` must not mix with other data)."""
@@ -175,4 +176,4 @@ class ParquetDataset:
         return self.filesystem.get_file_info(marker).type == pafs.FileType.File
 
     def drop(self, marker: str) -> None:
-        self._remove(marker)
+        self.remove(marker)

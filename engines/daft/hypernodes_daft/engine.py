@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import cloudpickle
@@ -53,6 +54,7 @@ from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.job import MapJob, Sink
 
+from .datasets import part_rows, run_dataset_native
 from .frame import ROW, column_name, item_frame
 from .udf import Failure, close, make_udf, receive
 
@@ -129,6 +131,18 @@ class DaftEngine(Engine):
             stopped = False
         finally:
             close(token, stopped)
+
+    # ------------------------------------------------------------------ datasets
+    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
+        """Native runner: one Daft query per part (``datasets.py``); Ray: parts in the driver."""
+        self._ensure_runner()
+        if self.runner == "native":
+            run_dataset_native(job, report, self.batch_size)
+        else:
+            job.run_here(report)
+
+    def dataset_part_rows(self, n: int | None) -> int:
+        return part_rows(n, self.batch_size)
 
     def _size(self, n: int) -> int:
         if self.batch_size is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
@@ -45,6 +46,7 @@ from .compile import (
     run_partition,
     write_shipment,
 )
+from .datasets import run_dataset_distributed, run_dataset_local
 
 __all__ = ["DaskEngine", "auto_partition_size"]
 
@@ -146,6 +148,20 @@ class DaskEngine(Engine):
     def __repr__(self) -> str:
         return (f"DaskEngine(scheduler={self.scheduler!r}, partition_size={self.partition_size}, "
                 f"num_workers={self.num_workers})")
+
+    # ------------------------------------------------------------------ datasets
+    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
+        """One task per part: it reads, computes and writes its part (``datasets.py``)."""
+        if self.scheduler == "distributed":
+            run_dataset_distributed(self, job, report)
+        else:
+            run_dataset_local(self, job, report)
+
+    def dataset_workers(self) -> int:
+        return self.workers()
+
+    def dataset_part_rows(self, n: int | None) -> int:
+        return self.partition_size or super().dataset_part_rows(n)
 
     # ------------------------------------------------------------------ map
     def execute_map(self, job: MapJob, sink: Sink) -> None:
