@@ -20,7 +20,7 @@ from hypernodes_dist.datasets.source import Source
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.sinks.parquet import MANIFEST, ParquetDataset
 
-__all__ = ["new_manifest", "check_manifest", "encode"]
+__all__ = ["new_manifest", "check_manifest", "encode", "schema_of"]
 
 FORMAT = 1
 _IDENTITY = ("graph", "code", "inputs", "source", "columns", "keep", "outputs")
@@ -57,8 +57,9 @@ def encode(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _schema(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+def schema_of(manifest: dict[str, Any]) -> pa.Schema:
+    """The output schema recorded in a manifest."""
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(manifest["schema"])))
 
 
 def check_manifest(out: ParquetDataset, manifest: dict[str, Any],
@@ -87,7 +88,7 @@ def check_manifest(out: ParquetDataset, manifest: dict[str, Any],
             f"into={out.location!r} holds the results of a different map: "
             f"{'; '.join(changes)}. Pass overwrite=True to replace them, or write into "
             "another directory")
-    return int(old["rows_per_part"]), _schema(old["schema"])
+    return int(old["rows_per_part"]), schema_of(old)
 
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from hypernodes_dist.datasets.manifest import schema_of
 from hypernodes_dist.sinks.arrow_types import decode_table
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
@@ -37,6 +38,8 @@ class DatasetResult:
         self.rows: int = rows
         self.failed: int = failed
         self._errors: pa.Table | None = None
+        manifest = out.read_manifest()
+        self._schema = schema_of(manifest) if manifest else None
 
     @property
     def path(self) -> str:
@@ -44,11 +47,12 @@ class DatasetResult:
         return self._out.location
 
     def dataset(self) -> pyarrow.dataset.Dataset:
-        """The output files as a ``pyarrow.dataset.Dataset`` (in ``_hn_row`` order)."""
+        """The output files as a ``pyarrow.dataset.Dataset`` (in ``_hn_row`` order), read
+        with the map's output schema (the same column types whichever engine wrote them)."""
         import pyarrow.dataset as ds
 
         return ds.dataset(self._out.part_files(), filesystem=self._out.filesystem,
-                          format="parquet")
+                          format="parquet", schema=self._schema)
 
     def to_arrow(self) -> pa.Table:
         """Every output row (pickled columns stay binary; see ``to_pandas``)."""

@@ -6,12 +6,14 @@ One Daft query per part (a part is a row range; see ``hypernodes_dist.datasets``
     daft.read_parquet(the part's files, row_groups=...)      # or the Daft frame / rows
       -> row id (monotonically_increasing_id) -> keep the part's row range
       -> batch UDF: PartTask.compute -> struct of outputs, _hn_row, _hn_error (unnested)
-      -> sort by _hn_row -> write_parquet(temporary name, single_file=True) -> rename
+      -> collect (in scan order) -> sort by _hn_row
+      -> write_parquet(temporary name, single_file=True) -> rename
 
 so a killed map keeps every finished part file and a rerun skips it. The UDF returns the
 results as Arrow columns (never pickled payloads); counts, events and a raised error reach
 the driver through a mailbox (the native runner runs UDFs in threads of this process).
-A ``daft.DataFrame`` source is one part (Daft plans the whole frame). On the Ray runner,
+Other sources (a ``daft.DataFrame`` too: Daft streams it in order) are cut into parts as
+they are read, and each part enters Daft with ``daft.from_pydict``. On the Ray runner,
 dataset maps run their parts in the driver (``Engine.execute_dataset``).
 """
 
@@ -43,12 +45,13 @@ _serial = itertools.count()
 
 
 def part_rows(n: int | None, batch_size: int | None) -> int:
-    """Rows per part (one Daft query each): a quarter of the rows, 10 000 .. 1 000 000."""
+    """Rows per part (one Daft query each): a quarter of the rows, 10 000 .. 250 000 (a
+    part's columns are held by Daft while it runs)."""
     if batch_size is not None:
         return batch_size
     if not n:
-        return 1_000_000
-    return max(10_000, min(1_000_000, math.ceil(n / 4)))
+        return 250_000
+    return max(10_000, min(250_000, math.ceil(n / 4)))
 
 
 def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
@@ -60,10 +63,6 @@ def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
 def _frames(job: DatasetJob) -> Iterator[tuple[Part, daft.DataFrame, int]]:
     """``(part, frame with the row id column, id of the part's first row)``."""
     src = job.source
-    if src.kind == "daft":
-        if 0 not in job.skip:
-            yield Part(0, 0, 0, None), _with_id(src.frame), 0
-        return
     for part in job.pending():
         if src.kind == "parquet":
             pieces = part.reader.pieces
@@ -105,7 +104,9 @@ def _run_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
     out = frame.select(*(col(k) for k in task.keep), udf(col(ID), *columns))
     tmp = task.out.temp_path(part.index)
     try:
-        out.sort(col(ROW_COLUMN)).write_parquet(tmp, single_file=True)
+        # collect() keeps the scan order, so the row ids are the rows' positions (a write
+        # alone would not: Daft's writers drop the order of everything before them)
+        out.collect().sort(col(ROW_COLUMN)).write_parquet(tmp, single_file=True)
     except BaseException:
         task.out.remove(tmp)
         _take(token)

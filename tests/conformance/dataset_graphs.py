@@ -1,0 +1,74 @@
+"""Graphs of the dataset conformance tests (module level: worker processes import them)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from hypernodes_dist import node
+
+
+@node(output_name="clean")
+def normalize(text: str) -> str:
+    if text == "boom":
+        raise ValueError("cannot normalize 'boom'")
+    return text.strip().lower()
+
+
+@node(output_name=("words", "chars"))
+def measure(clean):
+    return len(clean.split()), len(clean)
+
+
+@node(output_name="label")
+def label(words, bonus: int = 0):
+    return {"size": "long" if words + bonus > 2 else "short", "n": words + bonus}
+
+
+@node(output_name="shape")
+def shape(clean):
+    return (len(clean), clean[:1])  # a tuple: stored pickled, read back as a tuple
+
+
+ENRICH = [normalize, measure, label]
+WITH_OBJECT = [normalize, measure, shape]
+
+
+def expected(text: str, bonus: int = 0) -> dict:
+    clean = text.strip().lower()
+    words = len(clean.split())
+    return {"clean": clean, "words": words, "chars": len(clean),
+            "label": {"size": "long" if words + bonus > 2 else "short", "n": words + bonus}}
+
+
+def texts(n: int) -> list[str]:
+    return [f"  Row {i} " + "w " * (i % 4) for i in range(n)]
+
+
+# ------------------------------------------------------------------ counting executions
+
+_FDS: dict[tuple[int, str], int] = {}
+
+
+@node(output_name="y")
+def logged_square(x: int, log_dir: str, delay: float = 0.0) -> int:
+    """Sleeps ``delay``, then appends ``x`` to this process's log in ``log_dir``."""
+    if delay:
+        time.sleep(delay)
+    key = (os.getpid(), log_dir)
+    fd = _FDS.get(key)
+    if fd is None:
+        fd = _FDS[key] = os.open(os.path.join(log_dir, f"{os.getpid()}.log"),
+                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, f"{x} {threading.get_ident()}\n".encode())
+    return x * x
+
+
+def logged(log_dir) -> list[int]:
+    """Every ``x`` logged so far, over all processes."""
+    out = []
+    for f in sorted(os.listdir(log_dir)):
+        with open(os.path.join(log_dir, f)) as fh:
+            out += [int(line.split()[0]) for line in fh if len(line.split()) == 2]
+    return out
