@@ -34,9 +34,8 @@ def _write_source(tmp_path, n: int = N, files: int = 2):
 
 def _sources(tmp_path):
     """Every kind of source, each with the rows of ``_write_source``."""
-    import dask.dataframe as dd
     import daft
-    import pandas as pd
+    import dask.dataframe as dd
 
     src = _write_source(tmp_path)
     table = ds.dataset(src, format="parquet").to_table()
