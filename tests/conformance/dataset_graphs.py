@@ -65,10 +65,10 @@ def logged_square(x: int, log_dir: str, delay: float = 0.0) -> int:
     return x * x
 
 
-def logged(log_dir) -> list[int]:
-    """Every ``x`` logged so far, over all processes."""
+def logged(log_dir, suffix: str = ".log") -> list[int]:
+    """Every ``x`` logged so far in ``*.log`` files, over all processes."""
     out = []
-    for f in sorted(os.listdir(log_dir)):
+    for f in sorted(n for n in os.listdir(log_dir) if n.endswith(suffix)):
         with open(os.path.join(log_dir, f)) as fh:
             out += [int(line.split()[0]) for line in fh if len(line.split()) == 2]
     return out
