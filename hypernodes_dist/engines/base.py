@@ -8,10 +8,10 @@ keys, result assembly, events, progress, error policy — is the core's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.job import MapJob, Sink
 
 __all__ = ["Engine"]
@@ -44,7 +44,7 @@ class Engine:
         parts per worker, 1 000 .. 100 000 rows each (a stream of unknown length: 100 000)."""
         if not n:
             return 100_000
-        return max(1_000, min(100_000, math.ceil(n / (4 * max(1, self.dataset_workers())))))
+        return max(1_000, partition_size(n, self.dataset_workers(), 4, max_size=100_000))
 
     def close(self) -> None:
         """Release what the engine started (clusters, pools). Idempotent."""

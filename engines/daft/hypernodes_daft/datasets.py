@@ -33,6 +33,7 @@ from daft import DataType, Series, col
 from daft.functions import monotonically_increasing_id
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
+from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.sinks.parquet import ROW_COLUMN
 
@@ -96,7 +97,7 @@ def _run_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
         _MAIL[token] = []
     names = list(task.mapping)
     fields = task.computed_fields
-    size = batch_size or max(1, min(10_000, math.ceil((part.n or 10_000) / (2 * _cpus()))))
+    size = batch_size or partition_size(part.n, _cpus(), 2)
     udf = daft.func.batch(return_dtype=DataType.from_arrow_type(pa.struct(fields)),
                           unnest=True, batch_size=size, use_process=False)(
         _make_udf(task, part.offset - first, names, token))
