@@ -109,7 +109,7 @@ def test_nodes_without_policy_are_never_wrapped(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a Guard was built for a node without a policy")
 
-    monkeypatch.setattr("hypernodes_dist.execution.columnar.Guard", boom)
+    monkeypatch.setattr("hypernodes_dist.execution.calls.Guard", boom)
     monkeypatch.setattr("hypernodes_dist.execution.scheduler.guarded_call", boom)
 
     @node(output_name="y")

@@ -36,7 +36,7 @@ import pytest
 
 from hypernodes_dist import DiskCache, Graph, GraphEngine, node
 from hypernodes_dist.cache.keys import FLUSH_SECONDS
-from hypernodes_dist.execution.columnar import PERSIST_SLICE
+from hypernodes_dist.execution.calls import PERSIST_SLICE
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 4000

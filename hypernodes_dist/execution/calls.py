@@ -1,0 +1,261 @@
+"""Calling one node over a column of items: the calling half of the columnar strategy.
+
+Sync nodes run as one C-level ``map`` over the argument columns, each call timed at C
+level (``Clock``) and handed to the cache in slices; async nodes run as one ``gather``
+(at most ``settings.concurrency`` calls in flight). A node's ``Policy`` wraps its calls
+through a ``Guard``. ``ColumnCalls`` is mixed into ``Columnar``, whose state it reads:
+``plan``, ``n``, ``values``, ``consts``, ``settings``, ``chunk``, ``events``, ``timing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import weakref
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice, repeat, starmap
+from operator import itemgetter
+from typing import Any
+
+from hypernodes_dist.cache.keys import FLUSH_SECONDS
+from hypernodes_dist.execution.context import PARENT, Parent
+from hypernodes_dist.execution.guard import Guard
+from hypernodes_dist.execution.invoke import call_node, join_chunks
+from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.plan import MISSING
+
+__all__ = ["ColumnCalls", "Clock", "PERSIST_SLICE", "Persist"]
+
+PERSIST_SLICE = 64  # at most this many cacheable sync calls between two hand-overs
+Persist = Callable[[Sequence[int], Sequence[Any]], None]
+
+
+class ColumnCalls:
+    """How ``Columnar`` calls one node over the items in ``todo``."""
+
+    def _args(self, node: HyperNode, todo: Sequence[int]) -> list[Iterator[Any]]:
+        full = len(todo) == self.n
+        count = len(todo)
+        its = []
+        for p in node.params:
+            if p in self.values:
+                col = self.values[p]
+                if p in node.defaults and p in self.plan.producers:  # absent -> default
+                    default = node.defaults[p]
+                    col = [default if v is MISSING else v for v in col]
+                its.append(iter(col) if full else iter([col[i] for i in todo]))
+            elif p in self.consts:
+                its.append(repeat(self.consts[p], count))
+            else:
+                its.append(repeat(node.defaults[p], count))
+        if not its:
+            its.append(repeat(None, count))
+        return its
+
+    async def _call(self, node: HyperNode, todo: Sequence[int], persist: Persist | None) -> list[Any]:
+        if not todo:
+            return []
+        fn = _positional(node)
+        guard = self._guard(node) if node.policy is not None else None  # policies.py
+        if node.is_async or (node.streaming and not node.is_generator):
+            return await self._call_async(node, todo, guard, persist)
+        if guard is not None:
+            fn = guard.positional(fn, [self.chunk.offset + i for i in todo])
+        clock = None
+        if self.settings.want_events:
+            clock = Clock()
+            self.timing[node.name] = (todo, clock)
+            if node.nests:  # its inner runs report as children of the item's run
+                fn, clock = self._nesting(fn, todo, clock), None
+        its = self._args(node, todo)
+        if persist is None:
+            return self._map(node, fn, its, todo, [], clock)
+        out: list[Any] = []
+        start, size = 0, 1
+        while start < len(todo):  # persist as slices finish; slices adapt to the call time
+            stop = min(start + size, len(todo))
+            t0 = time.monotonic()
+            try:
+                self._map(node, fn, [islice(it, stop - start) for it in its], todo, out, clock)
+            finally:  # even on Ctrl-C: what finished in this slice is kept
+                persist(todo[start:len(out)], out[start:])
+            quick = time.monotonic() - t0 < FLUSH_SECONDS / 4
+            size = min(size * 2, PERSIST_SLICE) if quick else max(1, size // 2)
+            start = stop
+        return out
+
+    def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
+             todo: Sequence[int], out: list[Any], clock: Clock | None = None) -> list[Any]:
+        """Call ``fn`` over the argument iterators into ``out``; a failing call marks its item
+        and the loop resumes after it (C-level ``map``: no per-item Python overhead)."""
+        while True:
+            try:
+                if clock is None:
+                    out.extend(map(fn, *its))
+                else:
+                    clock.run(fn, its, out)
+                return out
+            except Exception as exc:
+                self._record_failure(node, todo[len(out)], exc)
+                out.append(MISSING)
+
+    async def _call_async(self, node: HyperNode, todo: Sequence[int], guard: Any = None,
+                          persist: Persist | None = None) -> list[Any]:
+        its = self._args(node, todo)
+        limit = self.settings.concurrency or len(todo)
+        plain = guard is None and persist is None and not self.settings.want_events
+        if plain and node.is_async and not node.streaming and len(todo) <= limit:
+            return self._gathered(node, todo, await asyncio.gather(
+                *map(_positional(node), *its), return_exceptions=True))
+        sem = asyncio.Semaphore(limit)
+        params = node.params
+
+        async def one(args: tuple[Any, ...], i: int) -> Any:
+            if node.nests and self.settings.want_events:  # this task's own context
+                PARENT.set(self._parent(i))
+            async with sem:
+                t0 = time.perf_counter()
+                kwargs = dict(zip(params, args)) if params else {}
+                if guard is None:
+                    value = await call_node(node, kwargs, None)
+                else:
+                    value = await guard.acall(lambda: call_node(node, kwargs, None),
+                                              self.chunk.offset + i)
+                if persist is not None:
+                    persist((i,), (value,))
+                return value, t0, time.perf_counter()
+
+        results = await asyncio.gather(
+            *(one(a if params else (), i) for a, i in zip(zip(*its), todo)), return_exceptions=True
+        )
+        clock = Clock()
+        clock.add(*zip(*[(0.0, 0.0) if isinstance(r, BaseException) else r[1:] for r in results]))
+        self.timing[node.name] = (todo, clock)
+        return self._gathered(node, todo, [
+            r if isinstance(r, BaseException) else r[0] for r in results])
+
+    def _gathered(self, node: HyperNode, todo: Sequence[int], results: list[Any]) -> list[Any]:
+        """``gather`` results -> values, failures recorded per item (MISSING in their place)."""
+        out = []
+        for i, r in zip(todo, results):
+            if isinstance(r, BaseException):
+                if not isinstance(r, Exception):
+                    raise r
+                self._record_failure(node, i, r)
+                out.append(MISSING)
+            else:
+                out.append(r)
+        return out
+
+    def _nesting(self, fn: Callable[..., Any], todo: Sequence[int], clock: Clock) -> Callable[..., Any]:
+        """``fn`` timed into ``clock``, each call's inner runs reporting to this batch's
+        events as children of the item's run."""
+        positions = iter(todo)
+        now = time.perf_counter
+
+        def nesting(*args: Any) -> Any:
+            token = PARENT.set(self._parent(next(positions)))
+            start = now()
+            try:
+                return fn(*args)
+            finally:
+                clock.add((start,), (now(),))
+                PARENT.reset(token)
+
+        return nesting
+
+    def _parent(self, i: int) -> Parent:
+        s = self.settings
+        return Parent(self.events.append, s.session_id, s.run_id(self.chunk.offset + i))
+
+    def _guard(self, node: HyperNode) -> Any:
+        """The node's call policy for this batch; ``PolicyEvent``s join the batch's events."""
+        report = None
+        if self.settings.want_events:
+            s, events = self.settings, self.events
+
+            def report(event: Any) -> None:
+                event.session_id, event.run_id = s.session_id, s.run_id(event.item_index)
+                event.step_index = self.plan.position[node.name]
+                events.append(event)
+
+        return Guard(node, report)
+
+
+class Clock:
+    """``perf_counter`` start and end of each call of one node, aligned with its items.
+
+    ``run`` reads the clock at C level: ``zip`` pulls one call from ``map`` (its value goes
+    straight into ``out``), then one reading (that call's end, the next call's start); no
+    Python frame and no object per call survives. Readings are kept as arrays of doubles
+    (8 bytes each, untracked by the garbage collector, pickled as one block of bytes).
+    """
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts = array("d")
+        self.ends = array("d")
+
+    def add(self, starts: Iterable[float], ends: Iterable[float]) -> None:
+        self.starts.extend(starts)
+        self.ends.extend(ends)
+
+    def run(self, fn: Callable[..., Any], its: list[Iterator[Any]], out: list[Any]) -> None:
+        ends = array("d")
+        start = time.perf_counter()
+        try:
+            ends.extend(map(_second, zip(map(out.append, map(fn, *its)),
+                                         starmap(time.perf_counter, repeat(())))))
+        except BaseException:
+            last = self._keep(ends, start)
+            self.add((last,), (time.perf_counter(),))  # the failing call
+            raise
+        self._keep(ends, start)
+
+    def _keep(self, ends: array[float], start: float) -> float:
+        """Keep the finished calls' times; returns when the last one ended (``start``: none)."""
+        if not ends:
+            return start
+        self.starts.append(start)
+        self.starts.extend(ends[:-1])
+        self.ends.extend(ends)
+        return ends[-1]
+
+
+_second = itemgetter(1)
+
+
+_POSITIONAL: weakref.WeakKeyDictionary[HyperNode, Callable[..., Any]] = weakref.WeakKeyDictionary()
+
+
+def _positional(node: HyperNode) -> Callable[..., Any]:
+    """A callable taking the node's parameters positionally, streams joined (memoised)."""
+    found = _POSITIONAL.get(node)
+    if found is None:
+        found = _POSITIONAL[node] = _make_positional(node)
+    return found
+
+
+def _make_positional(node: HyperNode) -> Callable[..., Any]:
+    fn = node.func
+    assert fn is not None
+    params = node.params
+    try:
+        kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
+    except (TypeError, ValueError):
+        kinds = set()
+    if not params:  # the executor feeds one placeholder argument per item
+        def fn(_item: Any = None, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
+            return _f()
+    elif kinds & {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}:
+        def fn(*args: Any, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
+            return _f(**dict(zip(params, args)))
+    if node.is_generator:
+        inner = fn
+
+        def fn(*args: Any) -> Any:  # type: ignore[misc]
+            return join_chunks(list(inner(*args)))
+    return fn
