@@ -172,7 +172,8 @@ def check_workers_see(client: Any, job: DatasetJob) -> None:
         seen = client.run(out.sees, marker)
     finally:
         out.drop(marker)
-    blind = sorted(w for w, ok in seen.items() if not ok)
+    names = {a: w.get("name") for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    blind = sorted(f"{a} (name {names.get(a)!r})" for a, ok in seen.items() if not ok)
     if blind:
         raise ValueError(
             f"into={out.location!r} is not visible from Dask worker(s) {', '.join(blind)} "
