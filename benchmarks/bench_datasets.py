@@ -1,0 +1,260 @@
+"""Datasets in, datasets out: Parquet -> 3-node graph -> Parquet, beside each engine's own pipeline.
+
+For every engine and row count, two cases run the same per-row Python functions
+(``normalize`` -> ``count_words`` -> ``label``) over the same Parquet input (files of
+500 000 rows, row groups of 100 000) and write Parquet:
+
+- ``hypernodes``: ``Graph(...).map(source=dir, columns=..., keep=["id"], into=out)`` with the
+  engine's default settings;
+- ``raw``: the engine's own pipeline, written the way its docs show --
+  local: a pyarrow loop (``dataset.to_batches`` -> list comprehensions -> ``ParquetWriter``);
+  Dask: ``dask.dataframe.read_parquet`` -> ``map_partitions`` -> ``to_parquet``;
+  Daft: ``daft.read_parquet`` -> batch UDF -> ``write_parquet``.
+
+Each case runs in a fresh subprocess, which reports its wall time (the pipeline only, not
+interpreter start-up) and its peak RSS (``ru_maxrss``: the driver's memory, imports
+included). Targets: hypernodes/raw <= 1.5x; driver peak RSS under 500 MB, and the same
+within 100 MB at 1M and 5M rows. Prints a table, writes benchmarks/results/datasets.json.
+
+Run: ``.venv/bin/python benchmarks/bench_datasets.py --rows 1000000,5000000``
+(``--engines local,dask,dask-distributed,daft``; ``--rows 20000`` checks it works).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+ENGINES = ("local", "dask", "dask-distributed", "daft")
+FILE_ROWS = 500_000
+
+
+# ------------------------------------------------------------------ the per-row functions
+
+
+def normalize(text: str) -> str:
+    return text.strip().lower()
+
+
+def count_words(clean: str) -> int:
+    return len(clean.split())
+
+
+def label(words: int) -> str:
+    return "long" if words > 5 else "short"
+
+
+def enrich_columns(texts: list[str]) -> tuple[list[str], list[int], list[str]]:
+    """The raw pipelines' body: the three functions over one batch of rows."""
+    clean = [normalize(t) for t in texts]
+    words = [count_words(c) for c in clean]
+    return clean, words, [label(w) for w in words]
+
+
+# ------------------------------------------------------------------ input
+
+
+def make_input(directory: Path, rows: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for f, start in enumerate(range(0, rows, FILE_ROWS)):
+        ids = range(start, min(rows, start + FILE_ROWS))
+        table = pa.table({"id": pa.array(ids, pa.int64()),
+                          "body": [f"  Review {i} " + "Word " * (i % 9) for i in ids]})
+        pq.write_table(table, directory / f"reviews-{f:03d}.parquet", row_group_size=100_000)
+
+
+# ------------------------------------------------------------------ cases (one per process)
+
+
+def hypernodes_case(engine_name: str, src: Path, out: Path) -> int:
+    from hypernodes_dist import Graph, GraphEngine, node
+
+    nodes = [node(output_name="clean")(normalize), node(output_name="words")(count_words),
+             node(output_name="label")(label)]
+    if engine_name == "local":
+        engine = GraphEngine()
+    elif engine_name.startswith("dask"):
+        from hypernodes_dask import DaskEngine
+
+        engine = DaskEngine(scheduler="distributed" if engine_name.endswith("distributed")
+                            else "threads")
+    else:
+        from hypernodes_daft import DaftEngine
+
+        engine = DaftEngine()
+    with engine:
+        res = Graph(nodes, engine=engine).map(source=str(src), columns={"text": "body"},
+                                              keep=["id"], into=str(out))
+        return res.rows
+
+
+def raw_local(src: Path, out: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True)
+    rows = 0
+    schema = pa.schema([("id", pa.int64()), ("clean", pa.string()), ("words", pa.int64()),
+                        ("label", pa.string())])
+    with pq.ParquetWriter(out / "part-0.parquet", schema) as writer:
+        for batch in ds.dataset(src, format="parquet").to_batches(batch_size=100_000):
+            clean, words, labels = enrich_columns(batch.column("body").to_pylist())
+            writer.write_table(pa.table([batch.column("id"), clean, words, labels],
+                                        schema=schema))
+            rows += batch.num_rows
+    return rows
+
+
+def raw_dask(src: Path, out: Path, distributed: bool) -> int:
+    import dask.dataframe as dd
+
+    def enrich(frame):
+        clean, words, labels = enrich_columns(frame["body"].tolist())
+        return frame[["id"]].assign(clean=clean, words=words, label=labels)
+
+    client = cluster = None
+    if distributed:
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(processes=True, dashboard_address=":0")
+        client = Client(cluster)
+    try:
+        df = dd.read_parquet(str(src))
+        import pandas as pd
+
+        meta = pd.DataFrame({"id": pd.Series([], dtype="int64"), "clean": pd.Series([], dtype=str),
+                             "words": pd.Series([], dtype="int64"),
+                             "label": pd.Series([], dtype=str)})
+        df.map_partitions(enrich, meta=meta).to_parquet(str(out), write_index=False)
+        return len(dd.read_parquet(str(out), columns=["id"]))
+    finally:
+        if client is not None:
+            client.close()
+            cluster.close()
+
+
+def raw_daft(src: Path, out: Path) -> int:
+    import daft
+    import pyarrow as pa
+    from daft import DataType, col
+
+    struct = DataType.struct({"clean": DataType.string(), "words": DataType.int64(),
+                              "label": DataType.string()})
+
+    @daft.func.batch(return_dtype=struct, unnest=True)
+    def enrich(body):
+        clean, words, labels = enrich_columns(body.to_pylist())
+        return pa.StructArray.from_arrays(
+            [pa.array(clean, pa.large_string()), pa.array(words, pa.int64()),
+             pa.array(labels, pa.large_string())], names=["clean", "words", "label"])
+
+    df = daft.read_parquet(f"{src}/*.parquet")
+    df.select(col("id"), enrich(col("body"))).write_parquet(str(out))
+    return daft.read_parquet(f"{out}/*.parquet").count_rows()
+
+
+def run_case(engine: str, kind: str, src: Path, out: Path) -> dict:
+    t0 = time.perf_counter()
+    if kind == "hypernodes":
+        rows = hypernodes_case(engine, src, out)
+    elif engine == "local":
+        rows = raw_local(src, out)
+    elif engine.startswith("dask"):
+        rows = raw_dask(src, out, engine.endswith("distributed"))
+    else:
+        rows = raw_daft(src, out)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
+    return {"engine": engine, "kind": kind, "rows": rows, "seconds": round(seconds, 3),
+            "driver_peak_rss_mb": round(peak, 1)}
+
+
+def in_subprocess(engine: str, kind: str, src: Path, out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--case", engine, kind, str(src), str(out)],
+        capture_output=True, text=True, timeout=3600, cwd=Path(__file__).parent,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{engine}/{kind} failed:\n{proc.stderr[-3000:]}")
+    shutil.rmtree(out, ignore_errors=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ driver
+
+
+def main(rows_list: list[int], engines: list[str]) -> list[dict]:
+    work = Path(tempfile.mkdtemp(prefix="hn-bench-datasets-"))
+    results: list[dict] = []
+    try:
+        for rows in rows_list:
+            src = work / f"src-{rows}"
+            make_input(src, rows)
+            for engine in engines:
+                pair = {kind: in_subprocess(engine, kind, src, work / f"out-{engine}-{kind}")
+                        for kind in ("raw", "hypernodes")}
+                for r in pair.values():
+                    assert r["rows"] == rows, r
+                results.append({
+                    "engine": engine, "rows": rows,
+                    "raw_s": pair["raw"]["seconds"], "hypernodes_s": pair["hypernodes"]["seconds"],
+                    "ratio": round(pair["hypernodes"]["seconds"] / pair["raw"]["seconds"], 2),
+                    "raw_rss_mb": pair["raw"]["driver_peak_rss_mb"],
+                    "hypernodes_rss_mb": pair["hypernodes"]["driver_peak_rss_mb"],
+                })
+                print(_row(results[-1]), flush=True)
+            shutil.rmtree(src, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def _row(r: dict) -> str:
+    return (f"{r['engine']:<17}{r['rows']:>10,}{r['raw_s']:>9.2f}{r['hypernodes_s']:>9.2f}"
+            f"{r['ratio']:>7.2f}{r['raw_rss_mb']:>10.0f}{r['hypernodes_rss_mb']:>10.0f}")
+
+
+def summary(results: list[dict]) -> list[str]:
+    lines = []
+    for engine in dict.fromkeys(r["engine"] for r in results):
+        rss = {r["rows"]: r["hypernodes_rss_mb"] for r in results if r["engine"] == engine}
+        if len(rss) > 1:
+            lo, hi = min(rss), max(rss)
+            lines.append(f"{engine}: driver peak RSS {rss[lo]:.0f} MB at {lo:,} rows, "
+                         f"{rss[hi]:.0f} MB at {hi:,} rows (+{rss[hi] - rss[lo]:.0f} MB)")
+    return lines
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1000000,5000000")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--case", nargs=4, metavar=("ENGINE", "KIND", "SRC", "OUT"))
+    args = parser.parse_args()
+    if args.case:
+        engine, kind, src, out = args.case
+        print(json.dumps(run_case(engine, kind, Path(src), Path(out))))
+        sys.exit(0)
+    rows_list = [int(x) for x in args.rows.split(",")]
+    print(f"{'engine':<17}{'rows':>10}{'raw s':>9}{'hn s':>9}{'ratio':>7}"
+          f"{'raw MB':>10}{'hn MB':>10}")
+    results = main(rows_list, args.engines.split(","))
+    for line in summary(results):
+        print(line)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "datasets.json").write_text(json.dumps(
+        {"rows": rows_list, "results": results, "summary": summary(results)}, indent=1))
