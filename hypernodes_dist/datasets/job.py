@@ -9,7 +9,7 @@ return a ``PartReport`` -- counts, not rows -- to the driver.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -113,8 +113,10 @@ class PartTask:
             got = batch.outputs.get(name)
             if got is None:
                 col.extend([None] * batch.n)
-            else:
+            elif got.count(MISSING):
                 col.extend([None if v is MISSING else v for v in got])
+            else:
+                col.extend(got)
         for i, exc in batch.errors.items():
             errors[a + i] = exc
         report.executed += batch.executed
@@ -183,12 +185,17 @@ class DatasetJob:
     def n(self) -> int | None:
         return self.source.n
 
-    def run_here(self, report: Callable[[PartReport], None], step: int | None = None) -> None:
+    def run_here(self, report: Callable[[PartReport], None], step: int | None = None,
+                 concurrency: int | None = None) -> None:
         """Run the pending parts one after another in this process, sharing one cache write
-        buffer (the local engine, and engines without a dataset pipeline of their own)."""
+        buffer (the local engine, and engines without a dataset pipeline of their own);
+        ``step`` items per executor call, at most ``concurrency`` async calls in flight."""
+        task = self.task
+        if concurrency is not None and task.settings.concurrency is None:
+            task = replace(task, settings=replace(task.settings, concurrency=concurrency))
         with batch_writes(self.settings.cache, None) as writes:
             for part in self.pending():
-                report(self.task.run(part, step, writes))
+                report(task.run(part, step, writes))
 
     def pending(self) -> Iterator[Part]:
         """The parts without an output file, in order (streamed: a stream source is read

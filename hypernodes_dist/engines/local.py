@@ -55,8 +55,9 @@ class GraphEngine(Engine):
                     f.cancel()
 
     def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
-        """Parts one after another, each streamed through the executor in batches."""
-        job.run_here(report, step=self.batch_size)
+        """Parts one after another, each through the executor in steps of 10 000 items (at
+        most ``batch_size`` async calls in flight): few executor calls per part."""
+        job.run_here(report, step=max(self.batch_size, 10_000), concurrency=self.batch_size)
 
     def __repr__(self) -> str:
         return (

@@ -6,7 +6,7 @@ One Daft query per part (a part is a row range; see ``hypernodes_dist.datasets``
     daft.read_parquet(the part's files, row_groups=...)      # or the Daft frame / rows
       -> row id (monotonically_increasing_id) -> keep the part's row range
       -> batch UDF: PartTask.compute -> struct of outputs, _hn_row, _hn_error (unnested)
-      -> collect (in scan order) -> sort by _hn_row
+      -> collect (in scan order: the rows stay in _hn_row order)
       -> write_parquet(temporary name, single_file=True) -> rename
 
 so a killed map keeps every finished part file and a rerun skips it. The UDF returns the
@@ -35,7 +35,6 @@ from daft.functions import monotonically_increasing_id
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.context import worker_id
-from hypernodes_dist.sinks.parquet import ROW_COLUMN
 
 __all__ = ["run_dataset_native", "part_rows"]
 
@@ -107,7 +106,7 @@ def _run_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
     try:
         # collect() keeps the scan order, so the row ids are the rows' positions (a write
         # alone would not: Daft's writers drop the order of everything before them)
-        out.collect().sort(col(ROW_COLUMN)).write_parquet(tmp, single_file=True)
+        out.collect().write_parquet(tmp, single_file=True)
     except BaseException:
         task.out.remove(tmp)
         _take(token)
