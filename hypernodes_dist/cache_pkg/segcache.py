@@ -1,0 +1,373 @@
+"""``SegmentCache``: the ``Cache`` protocol over any store of immutable segments.
+
+A backend supplies a *store* (where segment bytes live: SQLite rows, files, objects) with
+``put / scan / read / delete / drop / usage / put_marker / has_marker / close``; this class
+does everything else the protocol promises: packing a batch (``segments.pack``), the per-process
+index, checksums before unpickling, evicting bad segments, the degraded modes, pickling the
+handle and the visibility marker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from itertools import compress, repeat
+from operator import and_, getitem, rshift
+from typing import Any
+
+from .base import MISSING, CacheNotVisibleError, check_scope
+from .segments import ENTRY_BITS, ENTRY_MASK, SegmentIndex, decode_block, decode_index, log, pack
+
+__all__ = ["SegmentCache", "NO_NODE", "worker_name"]
+
+NO_NODE = "_"  # the group of entries written without a node name
+_FEW = 64  # lookups of at most this many hits read single blocks, not whole segments
+_ABANDONED: list[Any] = []  # stores inherited through fork: never closed by the child
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()} (pid {os.getpid()})"
+
+
+class SegmentCache:
+    """Base class of ``DiskCache`` and ``ObjectStoreCache`` (see the module docstring).
+
+    Subclasses set ``_errors`` (the storage exceptions to absorb), ``refresh_seconds`` and
+    implement ``_new_store()``, ``_where()`` and ``_not_visible_hint()``."""
+
+    refresh_seconds: float = 0.0
+    _errors: tuple[type[BaseException], ...] = (OSError,)
+
+    def __init__(self, scope: str = "global") -> None:
+        check_scope(scope)
+        self.scope: str = scope
+        self._token: str | None = None
+        self._prepared_by = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self._store: Any = None
+        self._pid = -1
+        self._lock = threading.RLock()
+        self._known = SegmentIndex()
+        self._disabled = False
+        self._read_only = False
+        self._warned = False
+        self._checked = False
+
+    # -- to implement ----------------------------------------------------------------------
+    def _new_store(self) -> Any:
+        raise NotImplementedError
+
+    def _where(self) -> str:
+        raise NotImplementedError
+
+    def _not_visible_hint(self) -> str:
+        raise NotImplementedError
+
+    def _config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # -- pickling: ship the configuration, never a connection ------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self._config(), "_token": self._token, "_prepared_by": self._prepared_by}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        token, prepared_by = state.pop("_token"), state.pop("_prepared_by")
+        self.__init__(**state)  # type: ignore[misc]
+        self._token, self._prepared_by = token, prepared_by
+
+    # -- the store, per process -------------------------------------------------------------
+    def _open(self) -> Any:
+        if self._pid == os.getpid():
+            return self._store
+        with self._lock:
+            if self._pid == os.getpid():
+                return self._store
+            if self._pid != -1:  # forked child: drop (never close) the parent's handles
+                _ABANDONED.append(self._store)
+                self._reset()
+            if self._token is not None and os.getpid() != self._prepared_by and not self._checked:
+                self.check_visible()
+            try:
+                self._store = None if self._disabled else self._new_store()
+            except self._errors as exc:
+                self._degrade("cannot open", exc)
+            self._pid = os.getpid()
+            return self._store
+
+    def _degrade(self, what: str, exc: BaseException, writes_only: bool = False) -> None:
+        if writes_only:
+            self._read_only = True
+        else:
+            self._disabled = True
+            self._store = None
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"hypernodes-dist: {what} the cache {self._where()} ({type(exc).__name__}: "
+                f"{exc}); {'writing' if writes_only else 'caching'} is disabled for this cache "
+                "instance", RuntimeWarning, stacklevel=4)
+
+    # -- visibility --------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Driver side: leave a marker in the store that every worker must be able to see."""
+        store = self._open()
+        if store is None or self._token is not None:
+            return
+        token = uuid.uuid4().hex
+        try:
+            self._token = store.put_marker(token)
+        except self._errors as exc:
+            log.debug("hypernodes cache: cannot write the marker", exc_info=True)
+            self._degrade("cannot write to", exc, writes_only=True)
+            return
+        self._prepared_by = os.getpid()
+
+    def check_visible(self, worker: str | None = None) -> None:
+        """Raise :class:`CacheNotVisibleError` if this process cannot see the prepared store."""
+        if self._token is None or os.getpid() == self._prepared_by:
+            return
+        store_cls = self._marker_reader()
+        try:
+            seen = store_cls(self._token)
+        except self._errors:
+            seen = False
+        if not seen:
+            name = worker or worker_name()
+            raise CacheNotVisibleError(
+                f"worker {name} cannot see the cache {self._where()} that the driver uses: "
+                f"{self._not_visible_hint()}")
+        self._checked = True
+
+    def _marker_reader(self) -> Any:
+        """``has_marker`` of a store that is not opened (opening may create the directory)."""
+        return self._new_store(create=False).has_marker  # type: ignore[call-arg]
+
+    # -- batch API -----------------------------------------------------------------------------
+    def get_many(self, keys: Sequence[str], node: str | None = None) -> dict[str, Any]:
+        """``{key: value}`` for the keys that hit (a cached ``None`` is a hit)."""
+        store = self._open()
+        if store is None or not keys:
+            return {}
+        known = self._known
+        locs = list(map(known.index.get, keys))
+        found = list(filter(None, locs))
+        if len(found) < len(keys) and self._due(node):
+            self._refresh(store, node)
+            locs = list(map(known.index.get, keys))
+            found = list(filter(None, locs))
+        if not found:
+            return {}
+        hit_keys = list(compress(keys, locs))
+        if len(found) <= _FEW:  # a few keys (one run's node): read only their blocks
+            return self._get_blocks(store, hit_keys)
+        numbers = list(map(rshift, found, repeat(ENTRY_BITS)))
+        values_of: dict[int, list[Any]] = {}
+        for number in set(numbers):
+            values = self._segment_values(store, number)
+            if values is not None:
+                values_of[number] = values
+        if len(values_of) < len(set(numbers)):  # a bad segment was evicted: drop its keys
+            keep = [n in values_of for n in numbers]
+            hit_keys, found, numbers = (list(compress(x, keep)) for x in (hit_keys, found, numbers))
+        entries = map(and_, found, repeat(ENTRY_MASK))
+        return dict(zip(hit_keys, map(getitem, map(values_of.__getitem__, numbers), entries)))
+
+    def _get_blocks(self, store: Any, keys: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for where, pairs in self._known.locate(keys).items():
+            values = self._block(store, where)
+            if values is not None:
+                out.update([(key, values[pos]) for key, pos in pairs])
+        return out
+
+    def _segment_values(self, store: Any, number: int) -> list[Any] | None:
+        """Every value of one segment (one read for its uncached blocks)."""
+        seg = self._known.segments[number]
+        if seg is None:
+            return None
+        blocks = range(len(seg.counts))
+        cached = [self._known.cached_block((number, b)) for b in blocks]
+        if sum(v is None for v in cached) > 1:
+            try:
+                data = store.read(seg.ref, 0, seg.size)
+            except self._errors:
+                data = None
+            for b in blocks:
+                if cached[b] is None:
+                    off = seg.offsets[b]
+                    blob = data[off:off + seg.lengths[b]] if data is not None else None
+                    cached[b] = self._decoded((number, b), blob)
+                    if cached[b] is None:
+                        return None
+        out: list[Any] = []
+        for b in blocks:
+            values = cached[b] if cached[b] is not None else self._block(store, (number, b))
+            if values is None:
+                return None
+            out += values
+        return out
+
+    def _due(self, node: str | None) -> bool:
+        last = self._known.refreshed.get(node)
+        return last is None or time.monotonic() - last >= self.refresh_seconds
+
+    def _refresh(self, store: Any, node: str | None) -> None:
+        """Load the indexes written since the last refresh (of ``node``, or of every node)."""
+        with self._lock:
+            known = self._known
+            try:
+                found = store.scan(self.scope, node, known)
+            except self._errors as exc:
+                log.debug("hypernodes cache: listing failed", exc_info=True)
+                self._warn_once("cannot list", exc)
+                return
+            known.refreshed[node] = time.monotonic()
+            for ref, size, blob in found:
+                decoded = decode_index(blob)
+                if decoded is None:
+                    log.debug("hypernodes cache: bad index %r, evicting", ref)
+                    known.known.add(ref)
+                    self._delete(store, ref)
+                    continue
+                known.add(ref, size, *decoded)
+
+    def _block(self, store: Any, where: tuple[int, int]) -> list[Any] | None:
+        values = self._known.cached_block(where)
+        if values is not None:
+            return values
+        number, b = where
+        seg = self._known.segments[number]
+        if seg is None:
+            return None
+        try:
+            blob = store.read(seg.ref, seg.offsets[b], seg.lengths[b])
+        except self._errors:
+            log.debug("hypernodes cache: read failed", exc_info=True)
+            blob = None
+        return self._decoded(where, blob)
+
+    def _decoded(self, where: tuple[int, int], blob: bytes | None) -> list[Any] | None:
+        """Verify and unpickle one block; a bad one evicts its segment."""
+        known = self._known
+        number, b = where
+        seg = known.segments[number]
+        if seg is None:
+            return None
+        values = decode_block(blob, seg.counts[b])
+        if values is None:
+            log.debug("hypernodes cache: bad block %d of %r, evicting the segment", b, seg.ref)
+            with self._lock:
+                ref = known.drop(number)
+            if ref is not None and blob:  # a vanished segment needs no delete
+                self._delete(self._store, ref)
+            return None
+        with self._lock:
+            known.keep_block(where, values, seg.lengths[b])
+        return values
+
+    def _delete(self, store: Any, ref: Any) -> None:
+        try:
+            store.delete(ref)
+        except self._errors:
+            log.debug("hypernodes cache: eviction failed", exc_info=True)
+
+    def _warn_once(self, what: str, exc: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"hypernodes-dist: {what} the cache {self._where()} "
+                          f"({type(exc).__name__}: {exc}); treated as misses",
+                          RuntimeWarning, stacklevel=4)
+
+    def set_many(self, items: Mapping[str, Any], node: str | None = None) -> None:
+        """Store every item as one segment of ``node``; never raises on storage errors."""
+        if not items or self._read_only:
+            return
+        store = self._open()
+        if store is None:
+            return
+        group = node or NO_NODE
+        for packed in pack(items):
+            try:
+                store.put(self.scope, group, packed)
+            except self._errors as exc:
+                self._degrade("cannot write to", exc, writes_only=True)
+                return
+        # this process's own writes are indexed lazily, on the next lookup that misses: a cold
+        # map never reads back what it wrote, and the index of a big batch is not free
+        refreshed = self._known.refreshed
+        refreshed.pop(node, None)
+        refreshed.pop(None, None)
+
+    # -- single-key API ------------------------------------------------------------------------
+    def get(self, key: str, default: Any = MISSING) -> Any:
+        """Value of ``key`` or ``default`` (``MISSING`` unless given) on a miss."""
+        return self.get_many([key]).get(key, default)
+
+    def set(self, key: str, value: Any, node: str | None = None) -> None:
+        """Store one value."""
+        self.set_many({key: value}, node)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is indexed; ``get`` may still miss if its data turns out corrupt."""
+        if not isinstance(key, str) or self._open() is None:
+            return False
+        if key not in self._known.index:
+            self._refresh(self._store, None)
+        return key in self._known.index
+
+    # -- maintenance ---------------------------------------------------------------------------
+    def clear(self, scope: str | None = None, node: str | None = None) -> int:
+        """Delete every entry, or those of one scope and/or one node; return the count."""
+        check_scope(scope, allow_none=True)
+        store = self._open()
+        if store is None:
+            return 0
+        removed = store.drop(scope, node)
+        with self._lock:
+            self._known = SegmentIndex()
+        return int(removed)
+
+    def stats(self) -> dict[str, Any]:
+        """Entries and bytes in all, per scope and per node; state flags."""
+        store = self._open()
+        info: dict[str, Any] = {"path": self._where(), "scope": self.scope,
+                                "enabled": store is not None}
+        if store is None:
+            return info
+        usage = store.usage()  # {(scope, node): [entries, bytes]}
+        by_scope: dict[str, dict[str, int]] = {}
+        by_node: dict[str, dict[str, int]] = {}
+        for (scope, node), (entries, nbytes) in usage.items():
+            for table, name in ((by_scope, scope), (by_node, node)):
+                row = table.setdefault(name, {"entries": 0, "bytes": 0})
+                row["entries"] += entries
+                row["bytes"] += nbytes
+        info["entries"] = sum(r["entries"] for r in by_scope.values())
+        info["size_bytes"] = store.size_bytes()
+        info["by_scope"] = by_scope
+        info["by_node"] = by_node
+        info["writable"] = not self._read_only
+        return info
+
+    def close(self) -> None:
+        """Close this process's connections (reopened lazily on the next use)."""
+        with self._lock:
+            if self._store is not None and self._pid == os.getpid():
+                self._store.close()
+            token, prepared_by = self._token, self._prepared_by
+            self._reset()
+            self._token, self._prepared_by = token, prepared_by
+
+    def __enter__(self) -> SegmentCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
