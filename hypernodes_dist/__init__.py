@@ -27,6 +27,7 @@ from hypernodes_dist.trace import TraceCollector
 
 if TYPE_CHECKING:
     from hypernodes_dist.cache.disk import DiskCache
+    from hypernodes_dist.cache.objectstore import ObjectStoreCache
 
 __all__ = [
     "node",
@@ -38,6 +39,7 @@ __all__ = [
     "GraphEngine",
     "Engine",
     "DiskCache",
+    "ObjectStoreCache",
     "GraphResult",
     "MapResult",
     "NodeExecution",
@@ -52,8 +54,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "DiskCache":
-        from hypernodes_dist.cache.disk import DiskCache
+    if name in ("DiskCache", "ObjectStoreCache"):
+        from hypernodes_dist import cache
 
-        return DiskCache
+        return getattr(cache, name)
     raise AttributeError(f"module 'hypernodes_dist' has no attribute {name!r}")

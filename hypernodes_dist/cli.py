@@ -1,4 +1,5 @@
-"""``hypernodes-dist`` command line: ``cache info PATH``, ``cache clear PATH [--scope S]`` and
+"""``hypernodes-dist`` command line: ``cache info PATH``, ``cache clear PATH [--scope S]
+[--node NAME]`` (PATH: a DiskCache directory or an ObjectStoreCache URL) and
 ``bench`` (workloads over engines and item counts; see ``hypernodes_dist.bench``).
 
 Each top-level command is a subparser registered by a ``_add_<command>(subparsers)`` function
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypernodes_dist.cache.disk import SCOPES, DiskCache
+from hypernodes_dist.cache.base import SCOPES
 
 __all__ = ["build_parser", "main"]
 
@@ -29,16 +30,27 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-def _is_cache_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "cache.db"))
+def _open_cache(target: str) -> Any:
+    """The cache at ``target`` (a URL or a directory holding a cache); ``None`` if there is none.
+
+    Never creates anything: an ``ObjectStoreCache`` for URLs and for directories laid out by
+    one, a ``DiskCache`` for directories holding its database."""
+    from hypernodes_dist.cache.disk import DB_NAME, DiskCache
+    from hypernodes_dist.cache.objectstore import LAYOUT, ObjectStoreCache
+
+    if "://" in target or os.path.isdir(os.path.join(target, LAYOUT)):
+        return ObjectStoreCache(target)
+    if os.path.isfile(os.path.join(target, DB_NAME)):
+        return DiskCache(target)
+    return None
 
 
-def _with_cache(path: str, action: Callable[[DiskCache], Any]) -> Any:
-    """``action(cache)`` on the cache at ``path`` (closed after); ``None`` if there is none."""
-    if not _is_cache_dir(path):
-        print(f"error: no cache at {path!r}", file=sys.stderr)
+def _with_cache(target: str, action: Callable[[Any], Any]) -> Any:
+    """``action(cache)`` on the cache at ``target`` (closed after); ``None`` if there is none."""
+    cache = _open_cache(target)
+    if cache is None:
+        print(f"error: no cache at {target!r}", file=sys.stderr)
         return None
-    cache = DiskCache(path)
     try:
         return action(cache)
     finally:
@@ -46,7 +58,7 @@ def _with_cache(path: str, action: Callable[[DiskCache], Any]) -> Any:
 
 
 def _cache_info(args: argparse.Namespace) -> int:
-    stats = _with_cache(args.path, DiskCache.stats)
+    stats = _with_cache(args.path, lambda cache: cache.stats())
     if stats is None:
         return 2
     if args.json:
@@ -55,37 +67,38 @@ def _cache_info(args: argparse.Namespace) -> int:
     if not stats.get("enabled"):
         print(f"error: cannot open the cache at {args.path!r}", file=sys.stderr)
         return 1
-    print(f"path:    {stats['path']}")
+    print(f"cache:   {stats['path']}")
     print(f"entries: {stats['entries']}")
-    print(f"size:    {_human(stats['size_bytes'])} ({stats['size_bytes']} bytes on disk)")
-    by_scope = stats.get("by_scope")
-    if by_scope is None:
-        print("scopes:  unknown")
-    else:
-        for scope, row in sorted(by_scope.items()):
-            print(f"scope {scope}: {row['entries']} entries, {_human(row['file_bytes'])} in files")
+    print(f"size:    {_human(stats['size_bytes'])} ({stats['size_bytes']} bytes stored)")
+    for label, table in (("scope", stats["by_scope"]), ("node", stats["by_node"])):
+        for name, row in sorted(table.items()):
+            print(f"{label} {name}: {row['entries']} entries, {_human(row['bytes'])}")
     return 0
 
 
 def _cache_clear(args: argparse.Namespace) -> int:
-    removed = _with_cache(args.path, lambda cache: cache.clear(args.scope))
+    removed = _with_cache(args.path, lambda cache: cache.clear(args.scope, args.node))
     if removed is None:
         return 2
-    what = f"scope {args.scope!r}" if args.scope else "all scopes"
-    print(f"removed {removed} entries ({what}) from {args.path}")
+    what = [f"scope {args.scope!r}" if args.scope else "all scopes"]
+    if args.node:
+        what.append(f"node {args.node!r}")
+    print(f"removed {removed} entries ({', '.join(what)}) from {args.path}")
     return 0
 
 
 def _add_cache(subparsers: argparse._SubParsersAction) -> None:
-    cache = subparsers.add_parser("cache", help="inspect or clear a DiskCache directory")
+    cache = subparsers.add_parser(
+        "cache", help="inspect or clear a cache (DiskCache directory or ObjectStoreCache URL)")
     sub = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    info = sub.add_parser("info", help="entries, size on disk and entries per scope")
-    info.add_argument("path", metavar="PATH", help="cache directory")
+    info = sub.add_parser("info", help="entries and bytes, per scope and per node")
+    info.add_argument("path", metavar="PATH", help="cache directory or URL (s3://..., gs://...)")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     info.set_defaults(func=_cache_info)
-    clear = sub.add_parser("clear", help="delete entries (all, or one scope)")
-    clear.add_argument("path", metavar="PATH", help="cache directory")
+    clear = sub.add_parser("clear", help="delete entries (all, one scope, one node)")
+    clear.add_argument("path", metavar="PATH", help="cache directory or URL")
     clear.add_argument("--scope", choices=SCOPES, default=None, help="only this scope")
+    clear.add_argument("--node", default=None, metavar="NAME", help="only this node's entries")
     clear.set_defaults(func=_cache_clear)
 
 

@@ -30,9 +30,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def filled(tmp_path: pathlib.Path) -> str:
     path = str(tmp_path / "cache")
-    DiskCache(path).set_many({f"g{i}": i for i in range(4)})
-    DiskCache(path, scope="session").set_many({"s0": "x", "s1": b"y" * 100_000})
-    DiskCache(path, scope="run").set_many({"r0": None})
+    DiskCache(path).set_many({f"g{i}": i for i in range(4)}, node="clean")
+    DiskCache(path, scope="session").set_many({"s0": "x", "s1": b"y" * 100_000}, node="fetch")
+    DiskCache(path, scope="run").set_many({"r0": None}, node="clean")
     return path
 
 
@@ -43,10 +43,12 @@ def test_info_reports_entries_size_and_scopes(filled: str) -> None:
     assert "scope global: 4 entries" in out.stdout
     assert "scope session: 2 entries" in out.stdout
     assert "scope run: 1 entries" in out.stdout
+    assert "node clean: 5 entries" in out.stdout and "node fetch: 2 entries" in out.stdout
     js = _cli("cache", "info", filled, "--json")
     stats = json.loads(js.stdout)
     assert stats["entries"] == 7 and stats["size_bytes"] > 100_000
-    assert stats["by_scope"]["session"]["file_bytes"] > 100_000
+    assert stats["by_scope"]["session"]["bytes"] > 100_000
+    assert stats["by_node"]["fetch"] == stats["by_scope"]["session"]
 
 
 def test_clear_one_scope_then_all(filled: str) -> None:
@@ -54,7 +56,8 @@ def test_clear_one_scope_then_all(filled: str) -> None:
     assert out.returncode == 0, out.stderr
     assert "removed 2 entries" in out.stdout
     cache = DiskCache(filled)
-    assert cache.get_many(["s0", "s1", "g0", "r0"]) == {"g0": 0, "r0": None}
+    assert cache.get_many(["s0", "s1", "g0"]) == {"g0": 0}
+    assert DiskCache(filled, scope="run").get_many(["r0"]) == {"r0": None}  # a handle reads its scope
     out = _cli("cache", "clear", filled)
     assert out.returncode == 0 and "removed 5 entries" in out.stdout
     assert json.loads(_cli("cache", "info", filled, "--json").stdout)["entries"] == 0
@@ -77,3 +80,21 @@ def test_in_process_main_and_parser(filled: str, capsys: pytest.CaptureFixture) 
     assert "removed 1 entries" in capsys.readouterr().out
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert "cache" in commands
+
+
+def test_clear_one_node_on_both_backends(tmp_path: pathlib.Path) -> None:
+    from hypernodes_dist import ObjectStoreCache
+
+    disk, objects = str(tmp_path / "disk"), str(tmp_path / "objects")
+    for cache in (DiskCache(disk), ObjectStoreCache(objects)):
+        cache.set_many({"a1": 1, "a2": 2}, node="alpha")
+        cache.set_many({"b1": 1}, node="beta")
+    for path, cls in ((disk, DiskCache), (objects, ObjectStoreCache)):
+        out = _cli("cache", "clear", path, "--node", "alpha")
+        assert out.returncode == 0, out.stderr
+        assert "removed 2 entries (all scopes, node 'alpha')" in out.stdout
+        assert cls(path).get_many(["a1", "a2", "b1"]) == {"b1": 1}
+        info = _cli("cache", "info", path)
+        assert "node beta: 1 entries" in info.stdout and "alpha" not in info.stdout
+    assert DiskCache(disk).clear(node="beta") == 1  # the Python equivalent
+    assert ObjectStoreCache(objects).clear(node="beta") == 1

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hypernodes_dist import DiskCache, Graph, node
+from hypernodes_dist import DiskCache, Graph, ObjectStoreCache, node
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_version_overrides_code_identity(tmp_path):
 SCRIPT = """
 import json, sys
 sys.path.insert(0, {root!r})
-from hypernodes_dist import DiskCache, Graph, node
+from hypernodes_dist import DiskCache, Graph, ObjectStoreCache, node
 
 @node(output_name="size")
 def size(items: frozenset, meta: dict, tags: set) -> int:
@@ -158,7 +158,7 @@ def test_duplicates_inside_one_map_run_once(tmp_path):
     assert [r["r"] for r in res] == [10, 10, 12, 10, 12]
 
 
-def test_large_file_backed_entry_corruption_is_a_miss(tmp_path):
+def test_large_entry_corruption_is_a_miss(tmp_path):
     calls = []
 
     @node(output_name="blob")
@@ -167,12 +167,10 @@ def test_large_file_backed_entry_corruption_is_a_miss(tmp_path):
         return b"x" * n
 
     cache_dir = tmp_path / "c"
-    g = Graph([big], cache=DiskCache(cache_dir))
+    g = Graph([big], cache=ObjectStoreCache(str(cache_dir)))
     assert len(g.run({"n": 2_000_000})["blob"]) == 2_000_000
-    files = [p for p in cache_dir.rglob("*.val")]
-    assert files, "a value this large is stored in its own file"
-    for p in files:
-        p.write_bytes(p.read_bytes()[:1000])  # truncate
+    (seg,) = cache_dir.rglob("*.seg")
+    seg.write_bytes(seg.read_bytes()[:1000])  # truncate
     assert len(g.run({"n": 2_000_000})["blob"]) == 2_000_000
     assert calls == [2_000_000, 2_000_000]
 
@@ -199,7 +197,7 @@ def test_script_source_unavailable_still_caches(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from hypernodes_dist import DiskCache, Graph, node
+        from hypernodes_dist import DiskCache, Graph, ObjectStoreCache, node
         f = node(lambda x: x * 2, output_name="y", name="double")
         g = Graph([f], cache=DiskCache({str(tmp_path / 'c')!r}))
         print(g.run({{"x": 4}})["y"], g.run({{"x": 4}}).history[0].cached)

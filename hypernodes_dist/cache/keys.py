@@ -119,21 +119,21 @@ class Keys:
 
 
 class WriteBuffer:
-    """Cache writes of one batch (or of consecutive batches run by one caller): one
-    transaction for many entries, yet never more than ``FLUSH_SECONDS`` of finished work
-    waiting in memory (a crash loses at most that)."""
+    """Cache writes of one batch (or of consecutive batches run by one caller), grouped by
+    node: one ``set_many`` (one segment, one transaction) per node and flush, yet never more
+    than ``FLUSH_SECONDS`` of finished work waiting in memory (a crash loses at most that)."""
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
-        self.items: dict[str, Any] = {}
+        self.items: dict[str, dict[str, Any]] = {}  # node -> {key: value}
         self.last = time.monotonic()
 
-    def add(self, key: str, value: Any) -> None:
-        self.items[key] = value
+    def add(self, key: str, value: Any, node: str) -> None:
+        self.items.setdefault(node, {})[key] = value
         self.flush_if_due()
 
-    def update(self, pairs: Iterable[tuple[str, Any]]) -> None:
-        self.items.update(pairs)
+    def update(self, pairs: Iterable[tuple[str, Any]], node: str) -> None:
+        self.items.setdefault(node, {}).update(pairs)
         self.flush_if_due()
 
     def flush_if_due(self) -> None:
@@ -141,9 +141,10 @@ class WriteBuffer:
             self.flush()
 
     def flush(self) -> None:
-        if self.items:
-            items, self.items = self.items, {}
-            self.cache.set_many(items)
+        groups, self.items = self.items, {}
+        for node, items in groups.items():
+            if items:
+                self.cache.set_many(items, node=node)
         self.last = time.monotonic()
 
 

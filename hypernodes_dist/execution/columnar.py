@@ -11,14 +11,16 @@ reported in columns: one ``BatchEvent`` per batch, each call timed at C level (`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from itertools import repeat
+from operator import is_
 from typing import Any
 
 from hypernodes_dist.cache.hashing import UnhashableValueError
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, scope_token
 from hypernodes_dist.errors import annotate, portable
 from hypernodes_dist.events import BatchEvent, Event, NodeColumns, NodeErrorEvent
-from hypernodes_dist.execution.calls import Clock, ColumnCalls
+from hypernodes_dist.execution.calls import Clock, ColumnCalls, Persist
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.invoke import split_outputs
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
@@ -176,7 +178,7 @@ class Columnar(ColumnCalls):
     def _lookup(self, node: HyperNode, items: Sequence[int]) -> dict[int, Any]:
         node_keys = self.node_keys[node.name]
         wanted = [node_keys[i] for i in items]
-        found = self.cache.get_many(wanted)
+        found = self.cache.get_many(wanted, node.name)
         return {i: found[k] for i, k in zip(items, wanted) if k in found}
 
     def _todo(self, node: HyperNode, hits: dict[int, Any] | None) -> Sequence[int]:
@@ -222,7 +224,7 @@ class Columnar(ColumnCalls):
                     run.append(i)
             todo = run
         failures = len(self.failed)
-        persist = self._persister(node_keys) if node_keys is not None else None
+        persist = self._persister(node, node_keys) if node_keys is not None else None
         results = await self._call(node, todo, persist)
         if len(todo) == self.n and len(self.failed) == failures and self._store_all(node, results):
             return
@@ -231,13 +233,22 @@ class Columnar(ColumnCalls):
         if dupes:
             self._store(node, {i: done[j] for i, j in dupes.items() if j in done}, HIT)
 
-    def _persister(self, node_keys: list[str]) -> Callable[[Sequence[int], Sequence[Any]], None]:
-        """Hands finished results to the write buffer as they complete (crash-safe batches)."""
+    def _persister(self, node: HyperNode, node_keys: list[str]) -> Persist:
+        """Hands finished results to the write buffer as they complete (crash-safe batches);
+        no Python work per result unless some item failed."""
         writes = self.writes
         assert writes is not None
+        name = node.name
 
         def persist(positions: Sequence[int], values: Sequence[Any]) -> None:
-            writes.update((node_keys[i], v) for i, v in zip(positions, values) if v is not MISSING)
+            if type(positions) is range and positions.step == 1:
+                keys: Sequence[str] = node_keys[positions.start:positions.stop]
+            else:
+                keys = list(map(node_keys.__getitem__, positions))
+            if any(map(is_, values, repeat(MISSING))):
+                writes.update([(k, v) for k, v in zip(keys, values) if v is not MISSING], name)
+            else:
+                writes.update(zip(keys, values), name)
 
         return persist
 

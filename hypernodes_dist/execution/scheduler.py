@@ -258,13 +258,13 @@ class Scheduler:
             key = self._key(node)
             value, cached = MISSING, False
             if key is not None:
-                hit = self.ctx.keys.cache.get_many([key])  # type: ignore[union-attr]
+                hit = self.ctx.keys.cache.get_many([key], node.name)  # type: ignore[union-attr]
                 if key in hit:
                     value, cached = hit[key], True
             if not cached:
                 value = await self._call(node, kwargs, step)
                 if key is not None:
-                    self._write(key, value)
+                    self._write(node.name, key, value)
             outputs = self._apply(node, value, key, step)
         except BaseException as exc:
             state.rollback(name)
@@ -285,11 +285,11 @@ class Scheduler:
                 worker=worker_id(),
             ))
 
-    def _write(self, key: str, value: Any) -> None:
+    def _write(self, name: str, key: str, value: Any) -> None:
         if self.ctx.writes is not None:  # a map batch: written together, flushed in time
-            self.ctx.writes.add(key, value)
+            self.ctx.writes.add(key, value, name)
         else:
-            self.ctx.keys.cache.set_many({key: value})  # type: ignore[union-attr]
+            self.ctx.keys.cache.set_many({key: value}, name)  # type: ignore[union-attr]
 
     def _key(self, node: HyperNode) -> str | None:
         keys = self.ctx.keys

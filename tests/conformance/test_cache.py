@@ -115,8 +115,8 @@ def test_corrupt_entries_are_recomputed(engine, tmp_path, logs):
     g = Graph(G.COUNTED, engine=engine, cache=DiskCache(cache_dir))
     inputs = {"x": [1, 2, 3], "log_dir": str(logs)}
     g.map(inputs, map_over="x")
-    con = sqlite3.connect(cache_dir / "cache.db")
-    con.execute("UPDATE Cache SET value = X'00112233'")
+    con = sqlite3.connect(cache_dir / "hn-cache.db")
+    con.execute("UPDATE hn_segments SET data = X'00112233'")
     con.commit()
     con.close()
     res = g.map(inputs, map_over="x")

@@ -20,8 +20,16 @@ from itertools import compress, repeat
 from operator import and_, getitem, rshift
 from typing import Any
 
-from .base import MISSING, CacheNotVisibleError, check_scope
-from .segments import ENTRY_BITS, ENTRY_MASK, SegmentIndex, decode_block, decode_index, log, pack
+from hypernodes_dist.cache.base import MISSING, CacheNotVisibleError, check_scope
+from hypernodes_dist.cache.segments import (
+    ENTRY_BITS,
+    ENTRY_MASK,
+    SegmentIndex,
+    decode_block,
+    decode_index,
+    log,
+    pack,
+)
 
 __all__ = ["SegmentCache", "NO_NODE", "worker_name"]
 
@@ -266,7 +274,7 @@ class SegmentCache:
             log.debug("hypernodes cache: bad block %d of %r, evicting the segment", b, seg.ref)
             with self._lock:
                 ref = known.drop(number)
-            if ref is not None and blob:  # a vanished segment needs no delete
+            if ref is not None and blob is not None:  # a vanished segment needs no delete
                 self._delete(self._store, ref)
             return None
         with self._lock:

@@ -1,0 +1,254 @@
+"""``ObjectStoreCache``: the cache's keys and guarantees on storage many machines share.
+
+``ObjectStoreCache(url, scope=...)`` takes ``s3://bucket/prefix``, ``gs://bucket/prefix``, any
+other URI ``pyarrow.fs.FileSystem.from_uri`` understands (S3 options go in the query string:
+``?endpoint_override=...&region=...``), any ``fsspec`` URI, or a plain directory that every
+machine mounts. ``filesystem=`` passes a ready ``pyarrow.fs.FileSystem`` or fsspec filesystem.
+
+Layout, under ``<url>/hncache-v1/``::
+
+    <scope>/<node>/<time>-<writer>-<entries>.seg   the segment: blocks of pickled values
+    <scope>/<node>/<time>-<writer>-<entries>.idx   its index (written last)
+    marks/<token>                                   one per driver that ran a map
+
+* **No shared mutable object.** Every write creates new, uniquely named objects (a random
+  writer id in the name): writers on many machines never overwrite each other, and never need
+  a lock. Keys are content addresses, so two writers storing the same key store the same value.
+* **Atomic visibility.** The index is written after its segment and a reader only trusts
+  indexes: an entry is complete or absent. On object stores each object is one PUT (visible
+  only when complete); on files it is written under a temporary name and renamed.
+* **No per-entry round trip.** One ``set_many`` is two PUTs whatever its size. A reader lists
+  the node's prefix (one LIST, at most every ``refresh_seconds`` while lookups miss: 1 s on
+  object stores, every time on files), GETs the indexes it has not seen, then one ranged GET
+  per segment (or block) it needs. Another machine's writes are seen within ``refresh_seconds``.
+* **Checksums** are verified before unpickling; a bad segment or index is deleted and its
+  entries recomputed. ``cache info`` counts entries from object names (no GET per object).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+from urllib.parse import quote, unquote
+
+from hypernodes_dist.cache.segcache import SegmentCache
+from hypernodes_dist.cache.segments import Packed
+
+__all__ = ["ObjectStoreCache"]
+
+LAYOUT = "hncache-v1"
+
+
+class ObjectStoreCache(SegmentCache):
+    """Content-hashed store of node results on shared storage (see the module docstring)."""
+
+    def __init__(self, url: str | os.PathLike, scope: str = "global", *,
+                 filesystem: Any = None, refresh_seconds: float | None = None) -> None:
+        self.url: str = os.fspath(url)
+        self.filesystem = filesystem
+        self._refresh_option = refresh_seconds
+        self.refresh_seconds = 0.0 if refresh_seconds is None else float(refresh_seconds)
+        super().__init__(scope)
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreCache({_display(self.url)!r}, scope={self.scope!r})"
+
+    def _config(self) -> dict[str, Any]:
+        return {"url": self.url, "scope": self.scope, "filesystem": self.filesystem,
+                "refresh_seconds": self._refresh_option}
+
+    def _where(self) -> str:
+        return f"ObjectStoreCache({_display(self.url)!r})"
+
+    def _not_visible_hint(self) -> str:
+        return ("the location holds no marker of the driver there; mount the same shared "
+                "directory on every machine (at the same path), or use an object store URL "
+                "such as 's3://bucket/prefix'")
+
+    def _new_store(self, create: bool = True) -> _FsStore:
+        fs, root = _resolve(self.url, self.filesystem)
+        store = _FsStore(fs, f"{root.rstrip('/')}/{LAYOUT}")
+        if self._refresh_option is None:  # listing a local directory is cheap; a bucket is not
+            self.refresh_seconds = 0.0 if store.local else 1.0
+        return store
+
+
+class _FsStore:
+    """Segments as objects of a ``pyarrow.fs`` filesystem (see the module docstring)."""
+
+    def __init__(self, fs: Any, root: str) -> None:
+        import pyarrow.fs as pafs
+
+        self.fs = fs
+        self.root = root
+        self.local = isinstance(fs, pafs.LocalFileSystem) or _fsspec_local(fs)
+        self._dirs: set[str] = set()
+        self._writer = uuid.uuid4().hex[:16]
+
+    def _dir(self, scope: str, node: str) -> str:
+        return f"{self.root}/{scope}/{quote(node, safe='')}"
+
+    def _write(self, path: str, data: bytes) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if self.local and parent not in self._dirs:
+            self.fs.create_dir(parent, recursive=True)
+            self._dirs.add(parent)
+        target = f"{path}.{uuid.uuid4().hex[:8]}.tmp" if self.local else path
+        with self.fs.open_output_stream(target) as out:
+            out.write(data)
+        if self.local:
+            self.fs.move(target, path)  # rename: the object appears complete or not at all
+
+    # -- segments --------------------------------------------------------------------------
+    def put(self, scope: str, node: str, packed: Packed) -> tuple[str, int]:
+        stem = f"{self._dir(scope, node)}/{time.time_ns():016x}-{self._writer}-{len(packed.keys)}"
+        self._write(f"{stem}.seg", packed.data)
+        self._write(f"{stem}.idx", packed.index)
+        return stem, len(packed.data)
+
+    def _list(self, prefix: str) -> list[Any]:
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
+        return [i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+
+    def scan(self, scope: str, node: str | None, known: Any) -> list[tuple[str, int, bytes]]:
+        """Indexes not loaded yet (of this node, or of every node of the scope)."""
+        prefix = f"{self.root}/{scope}" if node is None else self._dir(scope, node)
+        sizes: dict[str, int] = {}
+        fresh: list[str] = []
+        for info in self._list(prefix):
+            path = info.path
+            if path.endswith(".seg"):
+                sizes[path[:-4]] = info.size
+            elif path.endswith(".idx") and path[:-4] not in known.known:
+                fresh.append(path[:-4])
+        out = []
+        for stem in sorted(fresh):
+            if stem not in sizes:  # an index without its segment: never complete
+                continue
+            try:
+                with self.fs.open_input_stream(f"{stem}.idx") as f:
+                    blob = f.read()
+            except FileNotFoundError:  # cleared meanwhile
+                continue
+            out.append((stem, sizes[stem], blob))
+        return out
+
+    def read(self, ref: str, offset: int, length: int) -> bytes | None:
+        try:
+            with self.fs.open_input_file(f"{ref}.seg") as f:
+                return f.read_at(length, offset)
+        except FileNotFoundError:
+            return None
+
+    def delete(self, ref: str) -> None:
+        for suffix in (".idx", ".seg"):  # the index first: readers stop trusting the segment
+            try:
+                self.fs.delete_file(f"{ref}{suffix}")
+            except FileNotFoundError:
+                pass
+
+    def _groups(self, scope: str | None, node: str | None) -> list[Any]:
+        prefix = self.root if scope is None else f"{self.root}/{scope}"
+        infos = []
+        for info in self._list(prefix):
+            parts = info.path[len(self.root) + 1:].split("/")
+            if len(parts) != 3 or parts[0] == "marks":
+                continue
+            if node is not None and unquote(parts[1]) != node:
+                continue
+            infos.append((parts[0], unquote(parts[1]), info))
+        return infos
+
+    def drop(self, scope: str | None, node: str | None) -> int:
+        found = self._groups(scope, node)
+        count = 0
+        for _scope, _node, info in found:  # indexes first, then segments
+            if info.path.endswith(".idx"):
+                count += _entries(info.path)
+                self._delete_quietly(info.path)
+        for _scope, _node, info in found:
+            if not info.path.endswith(".idx"):
+                self._delete_quietly(info.path)
+        return count
+
+    def _delete_quietly(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def usage(self) -> dict[tuple[str, str], list[int]]:
+        out: dict[tuple[str, str], list[int]] = {}
+        for scope, node, info in self._groups(None, None):
+            row = out.setdefault((scope, node), [0, 0])
+            if info.path.endswith(".idx"):
+                row[0] += _entries(info.path)
+            row[1] += info.size or 0
+        return out
+
+    def size_bytes(self) -> int:
+        return sum(info.size or 0 for info in self._list(self.root))
+
+    # -- visibility marker ----------------------------------------------------------------
+    def put_marker(self, token: str) -> str:
+        self._write(f"{self.root}/marks/{token}", token.encode())
+        return token
+
+    def has_marker(self, token: str) -> bool:
+        import pyarrow.fs as pafs
+
+        return self.fs.get_file_info(f"{self.root}/marks/{token}").type == pafs.FileType.File
+
+    def close(self) -> None:
+        self._dirs.clear()
+
+
+def _entries(path: str) -> int:
+    try:
+        return int(path.rsplit("-", 1)[1][:-4])
+    except (IndexError, ValueError):
+        return 0
+
+
+def _display(url: str) -> str:
+    """The URL without its query string (it may hold credentials)."""
+    return url.split("?", 1)[0]
+
+
+def _resolve(url: str, filesystem: Any) -> tuple[Any, str]:
+    """``(pyarrow filesystem, root path)`` of a URL, a plain path or a given filesystem."""
+    import pyarrow.fs as pafs
+
+    if filesystem is not None:
+        fs = filesystem if isinstance(filesystem, pafs.FileSystem) else _wrap_fsspec(filesystem)
+        path = url.split("://", 1)[1] if "://" in url else url
+        return fs, path.split("?", 1)[0]
+    if "://" not in url:
+        return pafs.LocalFileSystem(), os.path.abspath(url)
+    try:
+        return pafs.FileSystem.from_uri(url)
+    except ValueError:  # pyarrow.ArrowInvalid: a scheme pyarrow does not know
+        pass
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return _wrap_fsspec(fs), path
+
+
+def _wrap_fsspec(fs: Any) -> Any:
+    import pyarrow.fs as pafs
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def _fsspec_local(fs: Any) -> bool:
+    import pyarrow.fs as pafs
+
+    if not isinstance(fs, pafs.PyFileSystem):
+        return False
+    inner = getattr(fs.handler, "fs", None)
+    return "local" in type(inner).__name__.lower() if inner is not None else False
