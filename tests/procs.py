@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 
-def spawn(module: str, args: list[str], log: Path, env: dict[str, str] | None = None
-          ) -> subprocess.Popen:
+def spawn(module: str, args: list[str], log: Path, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", module, *args], stdout=out, stderr=out,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            env={**os.environ, **(env or {})}, start_new_session=True, cwd=cwd,
         )
 
 

@@ -46,6 +46,11 @@ class Engine:
             return 100_000
         return max(1_000, partition_size(n, self.dataset_workers(), 4, max_size=100_000))
 
+    def check_cache(self, cache: Any) -> None:
+        """Before a map: raise ``CacheNotVisibleError`` if a worker cannot see ``cache``
+        (``cache.check_visible(worker)`` on every worker). Engines whose workers run on this
+        machine have nothing to check; a cache still checks lazily in each worker process."""
+
     def close(self) -> None:
         """Release what the engine started (clusters, pools). Idempotent."""
 

@@ -49,6 +49,10 @@ def run_map(
         return MapResult([], session_id=settings.session_id)
     if cache is not None:
         plan.code_ids()  # hash node code once, in the driver; workers get it with the plan
+        prepare = getattr(cache, "prepare", None)
+        if prepare is not None:  # a marker every worker must see (Cache protocol)
+            prepare()
+        engine.check_cache(cache)
     job = MapJob(plan, columns, broadcast, n, settings)
     collector = MapCollector(job, callbacks, progress, engine.name)
     try:

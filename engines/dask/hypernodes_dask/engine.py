@@ -164,6 +164,20 @@ class DaskEngine(Engine):
         return self.partition_size or super().dataset_part_rows(n)
 
     # ------------------------------------------------------------------ map
+    def check_cache(self, cache: Any) -> None:
+        """On a cluster, every worker must see the driver's cache store (a ``DiskCache`` on
+        another machine would silently start empty there): checked on each worker now."""
+        if self.scheduler != "distributed" or not hasattr(cache, "check_visible"):
+            return
+        problems = {w: msg for w, msg in self.client.run(_check_cache, cache).items() if msg}
+        if problems:
+            from hypernodes_dist.cache.base import CacheNotVisibleError
+
+            workers = ", ".join(sorted(problems))
+            raise CacheNotVisibleError(
+                f"{len(problems)} Dask worker(s) cannot see the cache ({workers}): "
+                f"{next(iter(problems.values()))}")
+
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         if self.scheduler == "distributed":
             self._map_distributed(job, sink)
@@ -268,6 +282,17 @@ class DaskEngine(Engine):
                     os.unlink(path)
                 except OSError:
                     pass
+
+
+def _check_cache(cache: Any, dask_worker: Any = None) -> str | None:
+    """Runs on one Dask worker: why it cannot see ``cache``, or ``None``."""
+    from hypernodes_dist.cache.base import CacheNotVisibleError
+
+    try:
+        cache.check_visible(getattr(dask_worker, "address", None))
+    except CacheNotVisibleError as exc:
+        return str(exc)
+    return None
 
 
 _MAX_RESUBMITS = 5  # a partition whose result is lost more often than this fails the map
