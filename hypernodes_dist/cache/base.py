@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["Cache", "CacheNotVisibleError", "MISSING", "SCOPES", "Scope", "check_scope"]
+__all__ = ["Cache", "CacheNotVisibleError", "MISSING", "SCOPES", "Scope", "check_scope", "prepare_cache"]
 
 SCOPES = ("global", "session", "run")
 Scope = Literal["global", "session", "run"]
@@ -52,6 +52,16 @@ def check_scope(scope: str | None, allow_none: bool = False) -> None:
         return
     if scope not in SCOPES:
         raise ValueError(f"invalid cache scope {scope!r}; allowed scopes: {', '.join(SCOPES)}")
+
+
+def prepare_cache(cache: Any, engine: Any) -> None:
+    """Driver side, before a map: the cache's marker, then the engine's check on its workers."""
+    prepare = getattr(cache, "prepare", None)
+    if prepare is not None:
+        prepare()
+    check = getattr(engine, "check_cache", None)
+    if check is not None:
+        check(cache)
 
 
 @runtime_checkable

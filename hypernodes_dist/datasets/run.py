@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hypernodes_dist.cache.base import prepare_cache
 from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask
 from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manifest
 from hypernodes_dist.datasets.result import DatasetResult
@@ -142,6 +143,7 @@ def run_dataset(
     out = ParquetDataset(into)
     if cache is not None:
         plan.code_ids()
+        prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
     found = check_manifest(out, manifest, overwrite)
     if found is not None:  # the same map ran here before: its partitioning and schema hold

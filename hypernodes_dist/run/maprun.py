@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hypernodes_dist.cache.base import prepare_cache
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.events import Dispatcher
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
@@ -49,10 +50,7 @@ def run_map(
         return MapResult([], session_id=settings.session_id)
     if cache is not None:
         plan.code_ids()  # hash node code once, in the driver; workers get it with the plan
-        prepare = getattr(cache, "prepare", None)
-        if prepare is not None:  # a marker every worker must see (Cache protocol)
-            prepare()
-        engine.check_cache(cache)
+        prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     job = MapJob(plan, columns, broadcast, n, settings)
     collector = MapCollector(job, callbacks, progress, engine.name)
     try:

@@ -2,9 +2,9 @@
 
 - a writer process SIGKILLed mid-map (mid-write) leaves no entry that reads back wrong: a
   later map over the same items returns exactly the right values;
-- truncated and garbage entries, inline (SQLite row) and file-backed (``.val`` file), are
-  misses: recomputed, correct, and healed (the next map hits);
-- a cache that cannot be used — directory under a regular file, ``cache.db`` replaced by a
+- truncated and garbage segments (small and large), are misses: recomputed, correct, and
+  healed (the next map hits);
+- a cache that cannot be used — directory under a regular file, ``hn-cache.db`` replaced by a
   directory, an immutable (``chattr +i``) directory, a file-size limit that makes every
   write fail like a full disk — degrades to no caching with exactly ONE ``RuntimeWarning``;
   the map completes with correct results. (Tests run as root: ``chmod`` would not stop
@@ -118,10 +118,10 @@ KILLED_WRITERS: list[int] = []
 # --------------------------------------------------------------------------- corrupt entries
 
 
-def _raw_rows(path: Path) -> list[tuple[int, str, int, str | None]]:
-    con = sqlite3.connect(path / "cache.db")
+def _segments(path: Path) -> list[tuple[int, int]]:
+    con = sqlite3.connect(path / "hn-cache.db")
     try:
-        return con.execute("SELECT rowid, key, mode, filename FROM Cache").fetchall()
+        return con.execute("SELECT id, length(data) FROM hn_segments ORDER BY id").fetchall()
     finally:
         con.close()
 
@@ -132,29 +132,23 @@ def test_truncated_and_garbage_entries_are_recomputed(tmp_path, engine):
     xs = list(range(12))
     make = (lambda: None) if engine == "local" else (lambda: DaskEngine(scheduler="sync"))
     for size in (64, BIG):
-        Graph([G.make_blob], cache=DiskCache(path), engine=make()).map(
-            {"x": xs, "size": size}, map_over="x")
-    rows = _raw_rows(path)
-    inline = [r for r in rows if r[3] is None]
-    files = [r for r in rows if r[3] is not None]
-    assert len(inline) == len(files) == len(xs)
+        for x in xs:  # one map per item: one segment per entry
+            Graph([G.make_blob], cache=DiskCache(path), engine=make()).map(
+                {"x": [x], "size": size}, map_over="x")
+    segments = _segments(path)
+    small = [i for i, n in segments if n < BIG]
+    large = [i for i, n in segments if n >= BIG]
+    assert len(small) == len(large) == len(xs)
 
-    con = sqlite3.connect(path / "cache.db")
-    with con:
-        # inline: truncated blob, garbage bytes, a flipped payload byte, an empty value
-        con.execute("UPDATE Cache SET value = substr(value, 1, 10) WHERE rowid = ?", (inline[0][0],))
-        con.execute("UPDATE Cache SET value = ? WHERE rowid = ?", (b"\x00garbage" * 9, inline[1][0]))
-        con.execute("UPDATE Cache SET value = substr(value, 1, length(value) - 1) || x'ff' "
-                    "WHERE rowid = ?", (inline[2][0],))
-        con.execute("UPDATE Cache SET value = x'' WHERE rowid = ?", (inline[3][0],))
+    con = sqlite3.connect(path / "hn-cache.db")
+    with con:  # truncated, garbage bytes, a flipped last byte, emptied: small and large alike
+        for ids in (small, large):
+            con.execute("UPDATE hn_segments SET data = substr(data, 1, 10) WHERE id = ?", (ids[0],))
+            con.execute("UPDATE hn_segments SET data = ? WHERE id = ?", (b"\x00garbage" * 9, ids[1]))
+            con.execute("UPDATE hn_segments SET data = substr(data, 1, length(data) - 1) || x'ff' "
+                        "WHERE id = ?", (ids[2],))
+            con.execute("UPDATE hn_segments SET data = x'' WHERE id = ?", (ids[3],))
     con.close()
-    # file-backed: truncated, garbage, emptied, deleted
-    vals = [path / r[3] for r in files[:4]]
-    with open(vals[0], "r+b") as f:
-        f.truncate(100)
-    vals[1].write_bytes(os.urandom(BIG))
-    vals[2].write_bytes(b"")
-    vals[3].unlink()
 
     for size, bad in ((64, 4), (BIG, 4)):
         calls = Calls()
@@ -201,11 +195,13 @@ def test_cache_dir_under_a_regular_file_degrades(tmp_path, engine):
 def test_database_replaced_by_a_directory_degrades(tmp_path, engine):
     path = tmp_path / "cache"
     DiskCache(path).set("warm", 1)
-    (path / "cache.db").unlink()
-    for extra in ("cache.db-wal", "cache.db-shm"):
+    warm = DiskCache(path)
+    warm.close()
+    (path / "hn-cache.db").unlink()
+    for extra in ("hn-cache.db-wal", "hn-cache.db-shm"):
         if (path / extra).exists():
             (path / extra).unlink()
-    (path / "cache.db").mkdir()
+    (path / "hn-cache.db").mkdir()
     _map_with_one_warning(path, DaskEngine(scheduler="sync") if engine else None)
 
 

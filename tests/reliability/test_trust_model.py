@@ -1,8 +1,8 @@
 """Cache files are never unpickled without an integrity check; the README's trust model.
 
 A planted entry whose pickle would run code on load (it creates a marker file) and whose
-checksum does not match is a miss and the code never runs — inline (SQLite row) and
-file-backed (``.val`` file) alike. The README's "Trust model of the cache" section says
+checksum does not match is a miss and the code never runs — in a DiskCache (SQLite row)
+and an ObjectStoreCache (segment file) alike. The README's "Trust model of the cache" section says
 what this guarantees and what it does not (a checksum is not a signature).
 
 Resume after a driver crash (only unfinished items recomputed) is covered by
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import sqlite3
 from pathlib import Path
 
-import diskcache
+import pytest
 
-from hypernodes_dist import DiskCache, Graph
-from hypernodes_dist.cache.disk import _HEADER, _MAGIC
+from hypernodes_dist import DiskCache, Graph, ObjectStoreCache
+from hypernodes_dist.cache.segments import _BLOCK, _BLOCK_MAGIC
 
 from . import graphs as G
 
@@ -36,37 +37,49 @@ class Payload:
         return (open, (self.marker, "w"))
 
 
-def _hostile(marker: Path, pad: int = 0) -> bytes:
-    """Right magic and format, a checksum that does not match, a code-running pickle
-    (plus ``pad`` trailing bytes, which ``pickle.loads`` would ignore)."""
-    payload = pickle.dumps(Payload(str(marker)), protocol=5)
-    return _HEADER.pack(_MAGIC, 1, 0, b"\x00" * 16) + payload + b"." * pad
+def _hostile(marker: Path, count: int, length: int) -> bytes:
+    """A block with the right magic and count, a checksum that does not match and a
+    code-running pickle, padded to ``length`` (``pickle.loads`` ignores trailing bytes)."""
+    payload = pickle.dumps([Payload(str(marker))] * count, protocol=5)
+    block = _BLOCK.pack(_BLOCK_MAGIC, count, b"\x00" * 16) + payload
+    return block + b"." * max(0, length - len(block))
 
 
-def test_planted_pickles_never_run(tmp_path):
+def _plant(kind: str, path: Path, marker: Path) -> int:
+    """Replace every stored segment by a hostile one; returns how many."""
+    if kind == "disk":
+        con = sqlite3.connect(path / "hn-cache.db")
+        rows = con.execute("SELECT id, entries, length(data) FROM hn_segments").fetchall()
+        with con:
+            for i, n, length in rows:
+                con.execute("UPDATE hn_segments SET data = ? WHERE id = ?",
+                            (_hostile(marker, n, length), i))
+        con.close()
+        return len(rows)
+    segs = list(path.rglob("*.seg"))
+    for seg in segs:
+        n = int(seg.stem.rsplit("-", 1)[1])
+        seg.write_bytes(_hostile(marker, n, seg.stat().st_size))
+    return len(segs)
+
+
+@pytest.mark.parametrize("kind", ["disk", "objects"])
+def test_planted_pickles_never_run(tmp_path, kind):
     path = tmp_path / "cache"
+
+    def cache():
+        return DiskCache(path) if kind == "disk" else ObjectStoreCache(str(path))
+
     xs = [1, 2]
-    g = Graph([G.make_blob], cache=DiskCache(path))
     for size in (64, 64 * 1024):
-        g.map({"x": xs, "size": size}, map_over="x")
-    raw = diskcache.Cache(str(path))
-    keys = list(raw.iterkeys())
-    assert len(keys) == 4
-    markers = []
-    for i, key in enumerate(keys):
-        marker = tmp_path / f"pwned-{i}"
-        markers.append(marker)
-        # small keys stay inline; pad the others past 32 KiB so they are file-backed
-        raw.set(key, _hostile(marker, pad=0 if i % 2 else 40 * 1024))
-    raw.close()
-    assert len(list(path.rglob("*.val"))) >= 2  # file-backed hostile entries exist
-    res = Graph([G.make_blob], cache=DiskCache(path)).map(
-        {"x": xs, "size": 64}, map_over="x")
-    res2 = Graph([G.make_blob], cache=DiskCache(path)).map(
-        {"x": xs, "size": 64 * 1024}, map_over="x")
+        Graph([G.make_blob], cache=cache()).map({"x": xs, "size": size}, map_over="x")
+    marker = tmp_path / "pwned"
+    assert _plant(kind, path, marker) == 2
+    res = Graph([G.make_blob], cache=cache()).map({"x": xs, "size": 64}, map_over="x")
+    res2 = Graph([G.make_blob], cache=cache()).map({"x": xs, "size": 64 * 1024}, map_over="x")
     assert [r["blob"] for r in res] == [G.make_blob.func(x, 64) for x in xs]
     assert [r["blob"] for r in res2] == [G.make_blob.func(x, 64 * 1024) for x in xs]
-    assert not any(m.exists() for m in markers), "a cache entry was unpickled unchecked"
+    assert not marker.exists(), "a cache entry was unpickled unchecked"
     # control: the same pickle DOES run when loaded without the check
     pickle.loads(pickle.dumps(Payload(str(tmp_path / "control"))))
     assert (tmp_path / "control").exists()
@@ -80,9 +93,15 @@ def test_readme_trust_model_is_accurate():
     for claim in ("trusted local data", "checksum", "before", "unpickling",
                   "not a signature"):
         assert claim in section, claim
-    # the claim holds in the code: the only unpickling in cache.py is after the digest check
-    src = (ROOT / "hypernodes_dist" / "cache" / "disk.py").read_text()
-    assert src.count("pickle.loads(") == 1
-    decode = src.split("def decode(", 1)[1].split("\ndef ", 1)[0]
-    assert decode.index("xxh3_128_digest(payload) != digest") < decode.index("pickle.loads(")
+    # the claim holds in the code: the cache unpickles only in segments.py, after the digests
+    cache_dir = ROOT / "hypernodes_dist" / "cache"
+    for module in cache_dir.glob("*.py"):
+        if module.name != "segments.py":
+            assert "pickle.loads(" not in module.read_text(), module.name
+    src = (cache_dir / "segments.py").read_text()
+    assert src.count("pickle.loads(") == 2
+    for name, check in (("decode_block", "xxh3_128_digest(payload) != digest"),
+                        ("decode_index", "xxh3_128_digest(body) != digest")):
+        decode = src.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
+        assert decode.index(check) < decode.index("pickle.loads(")
     assert os.path.exists(ROOT / "tests" / "reliability" / "test_cache_faults.py")
