@@ -16,7 +16,6 @@ Writes lost under concurrency: ``test_concurrent_writers.py``. Trust model: ``te
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import sqlite3
