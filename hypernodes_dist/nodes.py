@@ -73,11 +73,13 @@ class HyperNode:
         version: str | None = None,
         concurrency: int | None = None,
         rate_limit: Any = None,
+        retry_on: Any = Exception,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"node name must be a non-empty string, got {name!r}")
         # validated here; None when no policy is set (executors then add no wrapper at all)
-        self.policy = make_policy(name, retries, backoff, timeout, concurrency, rate_limit)
+        self.policy = make_policy(name, retries, backoff, timeout, concurrency, rate_limit,
+                                  retry_on)
         self.name = name
         self.params = tuple(params)
         self.defaults = dict(defaults)
@@ -90,6 +92,7 @@ class HyperNode:
         self.timeout = timeout
         self.concurrency = concurrency
         self.rate_limit = rate_limit
+        self.retry_on = retry_on
         self.version = version
         self.is_async = func is not None and (
             inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
@@ -246,12 +249,14 @@ def node(
     version: str | None = None,
     concurrency: int | None = None,
     rate_limit: Any = None,
+    retry_on: Any = Exception,
 ) -> Any:
     """Make a function a graph node writing ``output_name`` (a tuple return is unpacked).
 
     Call policies (``hypernodes_dist.policies``): ``retries`` re-runs a failed call up to N
     more times, waiting ``backoff`` (``None``, seconds, ``"exponential"`` or
-    ``callable(attempt) -> seconds``) between attempts; ``timeout`` seconds per attempt;
+    ``callable(attempt) -> seconds``) between attempts, for the errors ``retry_on`` lists
+    (an exception class or a tuple; others fail at once); ``timeout`` seconds per attempt;
     ``concurrency`` caps overlapping calls and ``rate_limit`` (``"100/minute"`` or
     ``(count, seconds)``) spaces call starts, across all processes of the machine (and of a
     Dask ``distributed`` cluster).
@@ -265,7 +270,7 @@ def node(
             FunctionNode, f, node_name,
             outputs=_outputs(output_name, node_name), tags=tags, cache=cache,
             streaming=streaming, retries=retries, backoff=backoff, timeout=timeout,
-            version=version, concurrency=concurrency, rate_limit=rate_limit,
+            version=version, concurrency=concurrency, rate_limit=rate_limit, retry_on=retry_on,
         )
 
     return wrap(func) if func is not None else wrap

@@ -13,12 +13,21 @@ import pytest
 from hypernodes_dist import Graph, GraphEngine, node
 from hypernodes_dist import policies as pol
 from hypernodes_dist.events import PolicyEvent, StreamingChunkEvent, hook_name
-from hypernodes_dist.policies import NodeTimeoutError, Policy, limits, make_policy, parse_rate_limit
+from hypernodes_dist.policies import (
+    NodeTimeoutError,
+    Policy,
+    limits,
+    machine,
+    make_policy,
+    parse_rate_limit,
+)
 
 
 @pytest.fixture(autouse=True)
 def own_limits_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("HYPERNODES_LIMITS_DIR", str(tmp_path / "limits"))
+    yield
+    pol.remove_semaphores(str(tmp_path / "limits"))
 
 
 class Seen:
@@ -70,6 +79,9 @@ def test_rate_limit_forms(text, expected):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"retries": -1}, "retries must be an int >= 0"),
+    ({"retries": 1, "retry_on": "ConnectionError"}, "retry_on must be an exception class"),
+    ({"retries": 1, "retry_on": (ValueError, 3)}, "retry_on must be an exception class"),
+    ({"retries": 1, "retry_on": ()}, "retry_on must be an exception class"),
     ({"retries": 1.5}, "retries must be an int"),
     ({"retries": True}, "retries must be an int"),
     ({"timeout": 0}, "timeout must be positive"),
@@ -184,6 +196,20 @@ def test_exhausted_retries_raise_the_last_error_with_attempts():
     assert not any("attempts" in n for n in info.value.__notes__)
 
 
+def test_retry_on_fails_other_errors_at_once():
+    fn, calls = flaky_factory(1, ValueError)
+    g = Graph([node(fn, output_name="y", name="api", retries=3, retry_on=ConnectionError)])
+    with pytest.raises(ValueError, match="call 1 for 5") as info:
+        g.run({"x": 5})
+    assert info.value.hn_attempts == 1 and calls == {5: 1}
+    assert not any("attempts" in n for n in info.value.__notes__)
+    fn, calls = flaky_factory(1, ConnectionResetError)  # a subclass of a listed error
+    g = Graph([node(fn, output_name="y", name="api", retries=3,
+                    retry_on=(ConnectionError, TimeoutError))])
+    assert g.run({"x": 5})["y"] == 50 and calls == {5: 2}
+    assert node(fn, output_name="y", retry_on=KeyError).policy is None  # nothing to retry
+
+
 def test_only_the_failed_node_of_the_failed_item_reruns():
     upstream = []
 
@@ -296,22 +322,26 @@ def test_an_abandoned_thread_keeps_its_concurrency_slot():
 
 
 def test_file_rate_reservations_are_evenly_spaced(tmp_path, monkeypatch):
-    monkeypatch.setattr(limits, "time", SimpleNamespace(time=lambda: 1000.0))  # a frozen clock
-    rate = limits.FileRate(str(tmp_path), "k", 10, 1.0)
-    waits = [rate.reserve() for _ in range(4)]
-    assert waits == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    other = limits.FileRate(str(tmp_path), "k", 10, 1.0)  # another process would see the same
-    assert other.reserve() == pytest.approx(0.4)
+    monkeypatch.setattr(machine, "time", SimpleNamespace(time=lambda: 1000.0))  # frozen clock
+    rate = machine.FileRate(str(tmp_path), "k", 10, 1.0)
+    starts = [rate.reserve() - 1000.0 for _ in range(4)]
+    assert starts == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    other = machine.FileRate(str(tmp_path), "k", 10, 1.0)  # another process sees the same
+    assert other.reserve(3) - 1000.0 == pytest.approx(0.4)  # a block of 3 starts
+    assert rate.reserve() - 1000.0 == pytest.approx(0.7)
 
 
-def test_file_slots_exclude_threads_and_open_files(tmp_path):
-    a = limits.FileSlots(str(tmp_path), "k", 2)
-    b = limits.FileSlots(str(tmp_path), "k", 2)  # separate open files, like another process
-    t1, t2 = a.try_acquire(), b.try_acquire()
-    assert {t1, t2} == {0, 1}
-    assert a.try_acquire() is None and b.try_acquire() is None
-    b.release(t2)
-    assert a.try_acquire() == t2
+def test_kernel_semaphore_is_shared_by_every_opener(tmp_path):
+    a = machine.KernelSemaphore(str(tmp_path), "k", 2)
+    b = machine.KernelSemaphore(str(tmp_path), "k", 2)  # another process opens the same
+    assert a.try_take() and b.try_take()
+    assert not a.try_take() and not b.try_take() and a.value() == 0
+    b.give()
+    assert a.try_take()
+    a.give()
+    a.give()
+    assert b.value() == 2
+    assert pol.remove_semaphores(str(tmp_path)) == 1
 
 
 def test_concurrency_limit_holds_for_async_nodes():
@@ -346,18 +376,20 @@ def test_rate_limit_in_run_and_stats():
     assert pol.stats()[("rated", "throttle")] >= 3
 
 
-def test_a_registered_backend_replaces_file_locks(monkeypatch):
+def test_a_registered_backend_replaces_the_machine_backend(monkeypatch):
     used = []
 
     class Rate:
-        def reserve(self):
-            used.append("rate")
-            return 0.0
+        interval = 0.001
+
+        def reserve(self, k):
+            used.append(("rate", k))
+            return time.time()
 
     class Backend:
-        name = "fake"
+        name, directory = "fake", "here"
 
-        def slots(self, key, n):
+        def semaphore(self, key, n):
             raise AssertionError("no concurrency here")
 
         def rate(self, key, count, per):
@@ -370,7 +402,7 @@ def test_a_registered_backend_replaces_file_locks(monkeypatch):
         return x
 
     assert Graph([rated]).run({"x": 1})["y"] == 1
-    assert used == ["rate"]
+    assert used == [("rate", 1)]
 
 
 def test_policy_event_hook_name():

@@ -21,7 +21,7 @@ from typing import Any
 
 from hypernodes_dist.cache.keys import FLUSH_SECONDS
 from hypernodes_dist.execution.context import PARENT, Parent
-from hypernodes_dist.execution.guard import Guard
+from hypernodes_dist.execution.guard import Attempts, Guard
 from hypernodes_dist.execution.invoke import call_node, join_chunks
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import MISSING
@@ -120,9 +120,11 @@ class ColumnCalls:
                 kwargs = dict(zip(params, args)) if params else {}
                 if guard is None:
                     value = await call_node(node, kwargs, None)
-                else:
-                    value = await guard.acall(lambda: call_node(node, kwargs, None),
-                                              self.chunk.offset + i)
+                else:  # timed from the successful attempt's start: waits are not running
+                    timing = Attempts()
+                    value = await guard.run(lambda: call_node(node, kwargs, None),
+                                            self.chunk.offset + i, timing=timing)
+                    t0 = timing.start
                 if persist is not None:
                     persist((i,), (value,))
                 return value, t0, time.perf_counter()

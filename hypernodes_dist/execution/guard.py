@@ -1,26 +1,65 @@
-"""The call guard: applies a node's ``Policy`` (retries, backoff, timeout, concurrency and
-rate limits) around each call of it; see ``hypernodes_dist.policies``.
+"""The policy guard: one node call under its retries, back-off, timeout and limits.
+
+Executors wrap the *call* of a node that has a ``Policy`` (``hypernodes_dist.policies``)
+in a ``Guard`` (one per node per batch, or per scheduler call):
+
+    for each attempt:  concurrency slot -> rate-limit turn -> the call (under its timeout)
+    on an exception:   retried if ``retry_on`` lists it and attempts are left:
+                       PolicyEvent(kind="retry"), back-off, next attempt
+    otherwise:         the exception, with ``hn_attempts`` (and a note once retried)
+
+The guard is one coroutine for every caller (``syncio``): a blocking caller (a sync node
+driven without an event loop) waits with ``time.sleep`` and blocking slot waits, so the
+coroutine never suspends; an async caller awaits the same waits. Only the failed node of
+the failed item is re-run; a cache hit never calls the function, so it takes no slot and
+no rate turn. Retries count against the rate limit (each attempt is a request).
+
+Timeouts: async nodes run under ``asyncio.timeout`` (the coroutine is cancelled). A sync
+function cannot be killed from Python: it runs in a helper thread and the caller stops
+waiting; the thread runs to its end in the background, keeping its concurrency slot
+until then (so "at most N executions overlap" stays true). The error is a
+``NodeTimeoutError`` (a ``TimeoutError``) naming the node, the item and the limit.
+
+Timing: ``Attempts`` (optional, given by the caller) receives the start and end of the
+successful attempt and the seconds spent waiting (slot, rate limit, back-off), so a
+node's ``duration_ms`` is its running time; each wait is a ``PolicyEvent``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from hypernodes_dist.events import PolicyEvent
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
-from hypernodes_dist.policies.limits import limiter, record
+from hypernodes_dist.policies.limits import limiter
 from hypernodes_dist.policies.spec import NodeTimeoutError, Policy, backoff_delay
+from hypernodes_dist.policies.stats import record
 
-__all__ = ["Guard", "guarded_call", "awaits"]
+__all__ = ["Guard", "Attempts", "WINDOW", "guarded_call", "awaits"]
 
 Report = Callable[[Any], Any]
+Call = Callable[[], Awaitable[Any]]
+
+# The item window of the running flow (``execution/flow.py``): an item sleeping in back-off
+# gives its place back, so the items behind it keep the limits busy.
+WINDOW: contextvars.ContextVar[Any] = contextvars.ContextVar("hn_window", default=None)
+
+
+class Attempts:
+    """What the guard measured for one call: the successful attempt's ``start``/``end``
+    (``perf_counter``) and ``waited`` seconds (slot, rate limit, back-off)."""
+
+    __slots__ = ("start", "end", "waited")
+
+    def __init__(self) -> None:
+        self.start = self.end = 0.0
+        self.waited = 0.0
 
 
 def _describe(exc: BaseException) -> str:
@@ -28,57 +67,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-_POLL_MIN, _POLL_MAX = 0.001, 0.025
-
-
-class _Sleep(NamedTuple):
-    """Effect: wait ``seconds`` (``time.sleep`` / ``asyncio.sleep``)."""
-
-    seconds: float
-
-
-class _Block(NamedTuple):
-    """Effect: call ``fn()``, which blocks (in place / in a worker thread); its value is sent back."""
-
-    fn: Callable[[], Any]
-
-
-class _Invoke(NamedTuple):
-    """Effect: one attempt of the node call, holding ``token`` (a concurrency slot or None,
-    released by the driver when the call really ends); its value or error is sent back."""
-
-    token: Any
-    attempt: int
-
-
-Steps = Generator["_Sleep | _Block | _Invoke", Any, Any]
-
-
-def _acquire(slots: Any) -> Steps:
-    """A concurrency slot: ``(token, seconds waited)``; blocks, or polls with backoff."""
-    token = slots.try_acquire()
-    if token is not None:
-        return token, 0.0
-    t0 = time.perf_counter()
-    if getattr(slots, "acquire", None) is not None:
-        return (yield _Block(slots.acquire)), time.perf_counter() - t0
-    poll = _POLL_MIN
-    while True:
-        yield _Sleep(poll * random.uniform(0.5, 1.0))
-        token = slots.try_acquire()
-        if token is not None:
-            return token, time.perf_counter() - t0
-        poll = min(_POLL_MAX, poll * 2)
-
-
-# ============================================================================ the guard
+async def _sleep(seconds: float, blocking: bool) -> None:
+    if blocking:
+        time.sleep(seconds)
+        return
+    window = WINDOW.get()
+    if window is None:
+        await asyncio.sleep(seconds)
+        return
+    window.release()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        await window.acquire()
 
 
 class Guard:
-    """Applies one node's policy to its calls (one per node per batch, or per scheduler call).
-
-    ``report(event)`` receives each ``PolicyEvent`` (the caller fills in the run ids).
-    """
+    """Applies one node's policy to its calls. ``report(event)`` receives each
+    ``PolicyEvent`` (the caller fills in the run ids)."""
 
     def __init__(self, node: Any, report: Report | None = None) -> None:
         self.node = node
@@ -102,133 +108,99 @@ class Guard:
         return NodeTimeoutError(f"{where} timed out after {p.timeout:g} s (timeout={p.timeout:g})",
                                 p.node, item, p.timeout or 0.0)
 
-    def _give_up(self, exc: BaseException, attempt: int) -> BaseException:
-        exc.hn_attempts = attempt  # type: ignore[attr-defined]
-        if self.policy.retries:
-            try:
-                exc.add_note(f"hypernodes retries: gave up after {attempt} attempts "
-                             f"(retries={self.policy.retries}); this is the last attempt's error")
-            except AttributeError:
-                pass
-        return exc
-
     def _retry(self, exc: Exception, item: int | None, attempt: int) -> float:
-        if attempt > self.policy.retries:
-            raise self._give_up(exc, attempt)
-        wait = backoff_delay(self.policy.backoff, attempt)
+        """The back-off before the next attempt; raises ``exc`` when it is not retried."""
+        p = self.policy
+        if attempt > p.retries or not p.retryable(exc):
+            exc.hn_attempts = attempt  # type: ignore[attr-defined]
+            if attempt > 1:
+                try:
+                    exc.add_note(f"hypernodes retries: gave up after {attempt} attempts "
+                                 f"(retries={p.retries}); this is the last attempt's error")
+                except AttributeError:
+                    pass
+            raise exc
+        wait = backoff_delay(p.backoff, attempt)
         self._event("retry", item, attempt, wait, _describe(exc))
         return wait
 
-    # -- one guarded call, as effects (the sync and async drivers below perform them) -----
-    def _steps(self, item: int | None, failed: Exception | None) -> Steps:
-        """Attempts until one succeeds or retries run out (``failed``: a first attempt's
-        error, already made by the caller)."""
+    # -- one guarded call ------------------------------------------------------------------
+    async def run(self, call: Call, item: int | None = None, blocking: bool = False,
+                  failed: Exception | None = None, timing: Attempts | None = None) -> Any:
+        """Attempts of ``call()`` until one succeeds or the error is final.
+
+        ``blocking``: the caller has no event loop (waits block, nothing suspends);
+        ``failed``: the error of a first attempt the caller already made.
+        """
+        timing = timing or Attempts()
         attempt, error = (1, failed) if failed is not None else (0, None)
         while True:
             if error is not None:
-                wait = self._retry(error, item, attempt)  # raises once out of attempts
+                wait = self._retry(error, item, attempt)
                 if wait > 0:
-                    yield _Sleep(wait)
+                    timing.waited += wait
+                    await _sleep(wait, blocking)
             attempt += 1
             try:
-                return (yield from self._attempt(item, attempt))
+                return await self._attempt(call, item, attempt, blocking, timing)
             except Exception as exc:
                 error = exc
 
-    def _attempt(self, item: int | None, attempt: int) -> Steps:
-        """Concurrency slot -> rate-limit reservation -> the call."""
-        p, slots, token = self.policy, self.slots, None
+    async def _attempt(self, call: Call, item: int | None, attempt: int, blocking: bool,
+                       timing: Attempts) -> Any:
+        """Concurrency slot -> rate-limit turn -> the call."""
+        p, slots = self.policy, self.slots
         if slots is not None:
-            token, waited = yield from _acquire(slots)
+            waited = await slots.acquire(blocking)
             if waited > 0:
+                timing.waited += waited
                 self._event("throttle", item, attempt, waited, f"concurrency={p.concurrency}")
+        held = slots
         try:
             if self.rate is not None:
                 wait = self.rate.reserve()
                 if wait > 0:
+                    timing.waited += wait
                     self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
-                    yield _Sleep(wait)
-            held, token = token, None  # from here on the driver releases it
-            return (yield _Invoke(held, attempt))
+                    await _sleep(wait, blocking)
+            timing.start = time.perf_counter()
+            if p.timeout is None:
+                value = await call()
+            elif blocking:
+                held = None  # the helper thread releases the slot when the call really ends
+                value = self._in_thread(call, item, attempt, slots)
+            else:
+                value = await self._under_timeout(call, item, attempt)
+            timing.end = time.perf_counter()
+            return value
         finally:
-            if token is not None:
-                slots.release(token)  # type: ignore[union-attr]
+            if held is not None:
+                held.release()
 
-    def _release(self, token: Any) -> None:
-        if token is not None:
-            self.slots.release(token)  # type: ignore[union-attr]
+    async def _under_timeout(self, call: Call, item: int | None, attempt: int) -> Any:
+        timeout = self.policy.timeout
+        try:
+            async with asyncio.timeout(timeout) as scope:
+                return await call()
+        except TimeoutError:
+            if not scope.expired():
+                raise  # the node's own TimeoutError
+            err = self._timeout_error(item)
+            self._event("timeout", item, attempt, timeout or 0.0, str(err))
+            raise err from None
 
-    # -- drivers: one loop, effects performed blocking (sync) or awaited (async) -------------
-    async def _drive(self, steps: Steps, perform: Callable[[Any], Awaitable[Any]]) -> Any:
-        """Run ``steps`` to its result, performing each effect with ``perform``."""
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                effect = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value
-            reply, error = None, None
-            try:
-                reply = await perform(effect)
-            except Exception as exc:
-                error = exc
-
-    def call(self, thunk: Callable[[], Any], item: int | None = None,
-             failed: Exception | None = None) -> Any:
-        """Run ``thunk()`` (one call of the node) under the policy; blocking waits.
-
-        ``failed``: the error of a first attempt the caller already made.
-        """
-        async def perform(effect: Any) -> Any:  # never suspends: driven without a loop
-            if type(effect) is _Sleep:
-                return time.sleep(effect.seconds)
-            if type(effect) is _Block:
-                return effect.fn()
-            return self._invoke(thunk, item, effect)
-
-        return run_sync(self._drive(self._steps(item, failed), perform), needs_loop=False)
-
-    def _invoke(self, thunk: Callable[[], Any], item: int | None, effect: _Invoke) -> Any:
-        if self.policy.timeout is None:
-            try:
-                return thunk()
-            finally:
-                self._release(effect.token)
-        return self._in_thread(thunk, item, effect.attempt, effect.token)
-
-    def positional(self, fn: Callable[..., Any], items: Any) -> Callable[..., Any]:
-        """``fn`` (positional arguments, one call per item in ``items`` order) guarded."""
-        nxt = iter(items).__next__
-        call = self.call
-        p = self.policy
-        if p.timeout is None and self.slots is None and self.rate is None:
-            def retried(*args: Any) -> Any:  # retries only: the first attempt is a plain call
-                item = nxt()
-                try:
-                    return fn(*args)
-                except Exception as exc:
-                    return call(lambda: fn(*args), item, exc)
-
-            return retried
-
-        def guarded(*args: Any) -> Any:
-            return call(lambda: fn(*args), nxt())
-
-        return guarded
-
-    def _in_thread(self, thunk: Callable[[], Any], item: int | None, attempt: int,
-                   token: Any) -> Any:
+    def _in_thread(self, call: Call, item: int | None, attempt: int, slots: Any) -> Any:
         box: dict[str, Any] = {}
         done = threading.Event()
 
         def work() -> None:
             try:
-                box["value"] = thunk()
+                box["value"] = run_sync(call(), needs_loop=False)
             except BaseException as exc:  # handed to the caller
                 box["error"] = exc
             finally:
-                self._release(token)
+                if slots is not None:
+                    slots.release()
                 done.set()
 
         ctx = contextvars.copy_context()
@@ -242,34 +214,45 @@ class Guard:
             raise box["error"]
         return box["value"]
 
-    async def acall(self, athunk: Callable[[], Awaitable[Any]], item: int | None = None) -> Any:
-        """Await ``athunk()`` (one call of the node) under the policy."""
-        async def perform(effect: Any) -> Any:
-            if type(effect) is _Sleep:
-                return await asyncio.sleep(effect.seconds)
-            if type(effect) is _Block:
-                return await asyncio.to_thread(effect.fn)
-            return await self._ainvoke(athunk, item, effect)
+    # -- entry points ------------------------------------------------------------------------
+    def call(self, thunk: Callable[[], Any], item: int | None = None,
+             failed: Exception | None = None, timing: Attempts | None = None) -> Any:
+        """``thunk()`` (one sync call of the node) under the policy; waits block."""
+        async def once() -> Any:
+            return thunk()
 
-        return await self._drive(self._steps(item, None), perform)
+        return run_sync(self.run(once, item, True, failed, timing), needs_loop=False)
 
-    async def _ainvoke(self, athunk: Callable[[], Awaitable[Any]], item: int | None,
-                       effect: _Invoke) -> Any:
-        timeout = self.policy.timeout
-        try:
-            if timeout is None:
-                return await athunk()
-            try:
-                async with asyncio.timeout(timeout) as scope:
-                    return await athunk()
-            except TimeoutError:
-                if not scope.expired():
-                    raise  # the node's own TimeoutError
-                err = self._timeout_error(item)
-                self._event("timeout", item, effect.attempt, timeout, str(err))
-                raise err from None
-        finally:
-            self._release(effect.token)
+    def positional(self, fn: Callable[..., Any], items: Any,
+                   starts: dict[int, float] | None = None) -> Callable[..., Any]:
+        """``fn`` (positional arguments, one call per item in ``items`` order) guarded.
+        ``starts``: receives ``{item: start}`` of the items whose successful attempt did
+        not start at once (they waited or retried), for their timings."""
+        nxt = iter(items).__next__
+        call = self.call
+        p = self.policy
+
+        def slow(item: int, args: tuple[Any, ...], failed: Exception | None) -> Any:
+            timing = Attempts()
+            value = call(lambda: fn(*args), item, failed, timing)
+            if starts is not None:
+                starts[item] = timing.start
+            return value
+
+        if p.timeout is None and self.slots is None and self.rate is None:
+            def retried(*args: Any) -> Any:  # retries only: the first attempt is a plain call
+                item = nxt()
+                try:
+                    return fn(*args)
+                except Exception as exc:
+                    return slow(item, args, exc)
+
+            return retried
+
+        def guarded(*args: Any) -> Any:
+            return slow(nxt(), args, None)
+
+        return guarded
 
 
 def awaits(node: Any) -> bool:
@@ -278,20 +261,17 @@ def awaits(node: Any) -> bool:
 
 
 async def guarded_call(node: Any, kwargs: dict[str, Any], on_chunk: Any, ctx: Any,
-                       base: dict[str, Any]) -> Any:
+                       base: dict[str, Any], timing: Attempts | None = None) -> Any:
     """The scheduler's call of a policy node (``run``/``iter``/per-item ``map``).
 
     ``ctx`` is the run's ``RunContext``; ``base`` the event fields of this execution.
     """
     emit = ctx.emit
     item = ctx.item_index
-    if awaits(node):
-        report = _reporter(emit, base, None)
-        return await Guard(node, report).acall(lambda: call_node(node, kwargs, on_chunk), item)
-    if not ctx.parallel:  # sync graph driven without a loop: blocking waits, no suspension
+    if awaits(node) or not ctx.parallel:  # a sync graph without a loop: blocking waits
         guard = Guard(node, _reporter(emit, base, None))
-        return guard.call(lambda: run_sync(call_node(node, kwargs, on_chunk), needs_loop=False),
-                          item)
+        return await guard.run(lambda: call_node(node, kwargs, on_chunk), item,
+                               blocking=not awaits(node), timing=timing)
     loop = asyncio.get_running_loop()  # parallel waves: keep the loop free, like _in_thread
     relay = None
     if on_chunk is not None:
@@ -300,7 +280,8 @@ async def guarded_call(node: Any, kwargs: dict[str, Any], on_chunk: Any, ctx: An
 
     guard = Guard(node, _reporter(emit, base, loop))
     return await asyncio.to_thread(
-        guard.call, lambda: run_sync(call_node(node, kwargs, relay), needs_loop=False), item
+        guard.call, lambda: run_sync(call_node(node, kwargs, relay), needs_loop=False), item,
+        None, timing,
     )
 
 

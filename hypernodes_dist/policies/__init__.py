@@ -1,11 +1,15 @@
 """Per-node call policies: retries with backoff, timeouts, concurrency and rate limits.
 
-``spec`` parses what ``@node`` declares into a ``Policy``; ``limits`` holds the limit
-backends (machine-wide lock files; engine plugins register cluster-wide ones). The guard
-that applies a policy around each call is ``hypernodes_dist.execution.guard``.
+``spec`` parses what ``@node`` declares into a ``Policy``; ``limits`` keeps this
+process's side of each limit (units held, calls waiting) over a shared backend:
+``machine`` (every process of one machine: kernel semaphores and a locked rate file) or
+one an engine plugin registers (``hypernodes_dask``: a ``distributed`` cluster);
+``stats`` counts what policies did. The guard that applies a policy around each call is
+``hypernodes_dist.execution.guard``.
 """
 
-from hypernodes_dist.policies.limits import limits_dir, register_backend, reset_stats, stats
+from hypernodes_dist.policies.limits import backend, limiter, register_backend
+from hypernodes_dist.policies.machine import limits_dir, remove_semaphores
 from hypernodes_dist.policies.spec import (
     Exponential,
     NodeTimeoutError,
@@ -14,7 +18,9 @@ from hypernodes_dist.policies.spec import (
     exponential,
     make_policy,
     parse_rate_limit,
+    parse_retry_on,
 )
+from hypernodes_dist.policies.stats import record, reset_stats, stats
 
 __all__ = [
     "Policy",
@@ -23,9 +29,14 @@ __all__ = [
     "exponential",
     "make_policy",
     "parse_rate_limit",
+    "parse_retry_on",
     "backoff_delay",
     "limits_dir",
+    "remove_semaphores",
     "register_backend",
+    "backend",
+    "limiter",
+    "record",
     "stats",
     "reset_stats",
 ]

@@ -1,226 +1,246 @@
-"""Per-node call policies: retries with backoff, timeouts, concurrency and rate limits.
+"""Concurrency and rate limits as this process sees them, over a shared backend.
 
-``@node(retries=2, backoff="exponential", timeout=30, concurrency=4, rate_limit="100/minute")``
-builds a ``Policy`` (``node.policy``; ``None`` when no keyword is set, and then nothing here
-runs: the executors call the function exactly as before). Executors wrap the *call* of a
-policy node once per batch (or per scheduler call) in a ``Guard``:
+A limit lives in a *backend* shared by many processes (``machine.MachineLimits``: every
+process of one machine; ``hypernodes_dask`` registers one for a ``distributed`` cluster).
+This module keeps, per process and limit, the units the process holds and the calls
+waiting for one:
 
-    for each attempt:  concurrency slot -> rate-limit reservation -> call (under timeout)
-    on an exception:   PolicyEvent(kind="retry"), sleep backoff(attempt), next attempt
-    out of attempts:   the last attempt's exception, with ``hn_attempts`` and a note
+- ``Slots.acquire`` takes a unit from the backend without blocking when no call of this
+  process is waiting; otherwise the call joins a FIFO of waiters and sleeps on its own
+  primitive (an ``asyncio`` future of its loop, or a lock for a blocking caller);
+- ``Slots.release`` hands the unit straight to the first waiter (no backend call, no
+  wake-up of anyone else) or, with nobody waiting, gives it back to the backend;
+- while calls wait, one lease thread per limit sleeps in the backend's blocking ``take``
+  (the kernel, or the scheduler) and passes each unit it gets to a waiter.
 
-Only the failed node of the failed item is re-run; a cache hit never calls the function, so
-it takes no slot and no rate token. Retries count against the rate limit (each attempt is a
-request to the provider).
-
-Timeouts: async nodes run under ``asyncio.timeout`` (the coroutine is cancelled). A sync
-function cannot be killed from Python: it runs in a helper thread and the caller stops
-waiting; the thread is abandoned and runs to its end in the background (it keeps its
-concurrency slot until then, so "at most N executions overlap" stays true). The error is a
-``NodeTimeoutError`` (a ``TimeoutError``) naming the node, the item and the limit.
-
-Limits hold across every thread and process of one machine: the state lives in lock files
-under ``limits_dir()`` (``$HYPERNODES_LIMITS_DIR``, default ``<tmp>/hypernodes-limits-<uid>``),
-keyed by node name and limit, so all workers of a Dask process pool, a LocalCluster or Daft
-agree without anything shipped to them. A concurrency limit of N is N slot files locked with
-``fcntl.flock`` (a crashed process releases its slots with its file descriptors); a rate
-limit of R per S seconds is a GCRA reservation in one flock-protected file: calls start at
-least ``S/R`` seconds apart (no burst), so N calls take at least ``(N-1)*S/R`` seconds. On a
-multi-machine cluster, an engine plugin registers another backend (``register_backend``):
-``hypernodes_dask`` uses the scheduler's ``distributed.Semaphore`` / ``Lock`` + ``Variable``
-inside ``distributed`` workers, so limits hold cluster-wide there.
-
-Observability: ``PolicyEvent`` (``kind`` = ``"retry"`` | ``"throttle"`` | ``"timeout"``, with
-``attempt``, ``wait`` seconds and ``reason``) reaches callbacks like every other event, on
-every engine; ``stats()`` counts the same per process.
+So a call costs O(1) work whatever the number of waiters: at most one non-blocking
+backend operation each way, nothing when a unit passes from call to call inside the
+process, and no waiter ever polls. ``Rate`` hands out start times reserved from the
+backend in blocks sized to the demand it sees.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
+import asyncio
 import os
-import random
-import re
-import tempfile
 import threading
 import time
-from collections import Counter
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["limits_dir", "register_backend", "limiter", "record", "stats", "reset_stats",
-           "FileLimits", "FileSlots", "FileRate"]
+from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 
-# ============================================================================ observability
+__all__ = ["Slots", "Rate", "register_backend", "backend", "limiter", "MAX_RATE_BLOCK"]
 
-_STATS: Counter[tuple[str, str]] = Counter()
-_STATS_LOCK = threading.Lock()
+MAX_RATE_BLOCK = 64  # start times one rate reservation may take at most
 
 
-def stats() -> dict[tuple[str, str], int]:
-    """Per-process counts ``{(node, kind): n}`` of retries, throttling waits and timeouts."""
-    with _STATS_LOCK:
-        return dict(_STATS)
+class _Waiter:
+    __slots__ = ("fut", "loop", "lock", "granted", "cancelled")
+
+    def __init__(self, blocking: bool) -> None:
+        self.granted = self.cancelled = False
+        if blocking:
+            self.fut, self.loop = None, None
+            self.lock = threading.Lock()
+            self.lock.acquire()
+        else:
+            self.loop = asyncio.get_running_loop()
+            self.fut = self.loop.create_future()
+
+    def grant(self) -> bool:
+        """Give this waiter the unit (caller holds the ``Slots`` lock); False if it left."""
+        if self.cancelled:
+            return False
+        if self.fut is None:
+            self.lock.release()
+        elif asyncio._get_running_loop() is self.loop:
+            if self.fut.done():  # cancelled; its task has not run its handler yet
+                return False
+            self.fut.set_result(None)
+        else:
+            self.loop.call_soon_threadsafe(_resolve, self.fut)
+        self.granted = True
+        return True
 
 
-def reset_stats() -> None:
-    with _STATS_LOCK:
-        _STATS.clear()
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
-def record(node: str, kind: str) -> None:
-    """Count one ``kind`` event (retry, throttle, timeout) of ``node`` in this process."""
-    with _STATS_LOCK:
-        _STATS[(node, kind)] += 1
+class Slots:
+    """The units of one concurrency limit held by this process, and its waiting calls."""
 
+    def __init__(self, semaphore: Any) -> None:
+        self.sem = semaphore
+        self.lock = threading.Lock()
+        self.waiters: deque[_Waiter] = deque()
+        self.leasing = False
+        self.backend_ops = 0  # operations on the shared backend (diagnostics, tests)
 
-# ============================================================================ limits
-
-
-def limits_dir() -> str:
-    """Where this machine's limit state lives (``$HYPERNODES_LIMITS_DIR`` overrides)."""
-    path = os.environ.get("HYPERNODES_LIMITS_DIR") or os.path.join(
-        tempfile.gettempdir(), f"hypernodes-limits-{os.getuid()}"
-    )
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def _file_key(key: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:60]
-    return f"{safe}-{hashlib.blake2b(key.encode(), digest_size=4).hexdigest()}"
-
-
-class _Fd:
-    """A file descriptor reopened after a fork (a forked child must not share lock state)."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self.pid, self.fd = path, -1, -1
-
-    def get(self) -> int:
-        if self.pid != os.getpid():
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            self.pid = os.getpid()
-        return self.fd
-
-
-class FileSlots:
-    """N concurrency slots: slot files locked with ``flock`` (per machine, any process)."""
-
-    def __init__(self, directory: str, key: str, n: int) -> None:
-        base = os.path.join(directory, f"{_file_key(key)}.c{n}")
-        self.n = n
-        self.fds = [_Fd(f"{base}.{k}.lock") for k in range(n)]
-        # flock is per open file: threads of one process sharing it need their own exclusion
-        self.local = [threading.Lock() for _ in range(n)]
-
-    def try_acquire(self) -> int | None:
-        start = random.randrange(self.n)
-        for j in range(self.n):
-            k = (start + j) % self.n
-            if not self.local[k].acquire(blocking=False):
-                continue
+    async def acquire(self, blocking: bool) -> float:
+        """Take a unit; returns the seconds waited. ``blocking``: wait without a loop."""
+        with self.lock:
+            if not self.waiters:
+                self.backend_ops += 1
+                if self.sem.try_take():
+                    return 0.0
+            waiter = _Waiter(blocking)
+            self.waiters.append(waiter)
+            start = not self.leasing
+            self.leasing = True
+        if start:
+            threading.Thread(target=self._lease, daemon=True, name="hn-limit-lease").start()
+        t0 = time.perf_counter()
+        if waiter.fut is None:
+            waiter.lock.acquire()
+        else:
             try:
-                fcntl.flock(self.fds[k].get(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return k
-            except BlockingIOError:
-                self.local[k].release()
+                await waiter.fut
             except BaseException:
-                self.local[k].release()
+                self._leave(waiter)
                 raise
-        return None
+        return time.perf_counter() - t0
 
-    def release(self, token: int) -> None:
-        try:
-            fcntl.flock(self.fds[token].get(), fcntl.LOCK_UN)
-        finally:
-            self.local[token].release()
+    def _leave(self, waiter: _Waiter) -> None:
+        with self.lock:
+            granted = waiter.granted
+            waiter.cancelled = not granted
+        if granted:
+            self.release()
+
+    def release(self) -> None:
+        """Return a unit: to the first waiting call, else to the backend."""
+        with self.lock:
+            waiters = self.waiters
+            while waiters:
+                if waiters.popleft().grant():
+                    return
+            self.backend_ops += 1
+            self.sem.give()
+
+    def _lease(self) -> None:
+        """While calls wait: take units from the backend (sleeping there) and pass them on."""
+        sem = self.sem
+        while True:
+            with self.lock:
+                if not self.waiters:
+                    self.leasing = False
+                    return
+            self.backend_ops += 1
+            sem.take()
+            self._hand_over()
+            while True:  # a block: whatever else is free now, for the calls still waiting
+                with self.lock:
+                    if not self.waiters:
+                        break
+                    self.backend_ops += 1
+                    if not sem.try_take():
+                        break
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        with self.lock:
+            waiters = self.waiters
+            while waiters:
+                if waiters.popleft().grant():
+                    return
+            self.backend_ops += 1
+            self.sem.give()
 
 
-class FileRate:
-    """A rate limit of ``count`` per ``per`` seconds: a GCRA reservation in one locked file.
+class Rate:
+    """Start times of one rate limit, reserved from the backend in blocks.
 
-    Each call reserves the next start time ``max(tat, now)`` and moves ``tat`` one interval
-    ``per/count`` later; the caller sleeps until its start. FIFO, no polling, no burst.
+    A block of ``k`` consecutive start times costs one backend reservation. ``k`` doubles
+    while calls use a block up before its last start time has come (demand above the
+    rate) and falls back to 1 when start times go unused (a reserved start that has passed
+    is dropped, never used late: calls stay spaced, no burst).
     """
 
-    def __init__(self, directory: str, key: str, count: float, per: float) -> None:
-        self.interval = per / count
-        self.fd = _Fd(os.path.join(directory, f"{_file_key(key)}.r{count:g}-{per:g}.rate"))
-        self.local = threading.Lock()
+    def __init__(self, rate: Any) -> None:
+        self.rate = rate
+        self.interval: float = rate.interval
+        self.lock = threading.Lock()
+        self.next = 0.0
+        self.left = 0
+        self.block = 1
 
     def reserve(self) -> float:
-        with self.local:
-            fd = self.fd.get()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                raw = os.pread(fd, 64, 0)
-                now = time.time()
-                try:
-                    tat = float(raw.decode() or 0.0)
-                except ValueError:
-                    tat = 0.0
-                if tat - now > 86400:  # a clock that jumped back: start over
-                    tat = 0.0
-                start = max(tat, now)
-                data = repr(start + self.interval).encode().ljust(64)
-                os.pwrite(fd, data, 0)
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        return start - now
+        """Seconds this call must wait for its start time."""
+        with self.lock:
+            now = time.time()
+            if self.left and self.next < now - self.interval:
+                self.left, self.block = 0, 1  # unused starts: demand is below the rate
+            if not self.left:
+                if self.next > now:  # used up before its end: demand is above the rate
+                    self.block = min(MAX_RATE_BLOCK, self.block * 2)
+                self.next, self.left = self.rate.reserve(self.block), self.block
+            start = self.next
+            self.next += self.interval
+            self.left -= 1
+        return max(0.0, start - now)
 
 
-class FileLimits:
-    """The default backend: limit state in lock files of one directory (one machine)."""
-
-    name = "file"
-
-    def __init__(self) -> None:
-        self.directory = limits_dir()
-
-    def slots(self, key: str, n: int) -> Any:
-        return FileSlots(self.directory, key, n)
-
-    def rate(self, key: str, count: float, per: float) -> Any:
-        return FileRate(self.directory, key, count, per)
+# ------------------------------------------------------------------ backends
 
 
 _PROBES: list[Callable[[], Any]] = []
 _LIMITERS: dict[tuple[Any, ...], Any] = {}
 _LIMITERS_LOCK = threading.Lock()
-_FILE: FileLimits | None = None
+_MACHINE: MachineLimits | None = None
 
 
 def register_backend(probe: Callable[[], Any]) -> None:
     """Register ``probe() -> backend | None``; the first backend a probe returns is used.
 
-    A backend has ``name``, ``slots(key, n)`` (``try_acquire() -> token | None``,
-    ``release(token)``, optionally blocking ``acquire() -> token``) and
-    ``rate(key, count, per)`` (``reserve() -> seconds to wait``).
+    A backend has ``name``, ``directory`` (its identity), ``semaphore(key, n)`` (an object
+    with ``try_take() -> bool``, blocking ``take()`` and ``give()``) and
+    ``rate(key, count, per)`` (``interval`` seconds and ``reserve(k) -> first start``, the
+    wall-clock time of the first of ``k`` starts spaced ``interval`` apart).
     """
     if probe not in _PROBES:
         _PROBES.append(probe)
 
 
-def _backend() -> Any:
-    global _FILE
+def backend() -> Any:
+    """The backend limits use where this code runs."""
+    global _MACHINE
     for probe in _PROBES:
         found = probe()
         if found is not None:
             return found
-    if _FILE is None or _FILE.directory != limits_dir():
-        _FILE = FileLimits()
-    return _FILE
+    if _MACHINE is None or _MACHINE.directory != limits_dir():
+        _MACHINE = MachineLimits()
+    return _MACHINE
 
 
 def limiter(kind: str, key: str, *spec: Any) -> Any:
-    backend = _backend()
-    cache_key = (backend.name, getattr(backend, "directory", ""), kind, key, *spec)
-    with _LIMITERS_LOCK:
-        found = _LIMITERS.get(cache_key)
-        if found is None:
-            found = _LIMITERS[cache_key] = getattr(backend, kind)(key, *spec)
+    """This process's ``Slots`` (kind ``"slots"``, spec ``n``) or ``Rate`` (``"rate"``,
+    spec ``count, per``) of one limit, made once per backend."""
+    where = backend()
+    cache_key = (where.name, where.directory, kind, key, *spec)
+    found = _LIMITERS.get(cache_key)
+    if found is None:
+        with _LIMITERS_LOCK:
+            found = _LIMITERS.get(cache_key)
+            if found is None:
+                if kind == "slots":
+                    found = Slots(where.semaphore(key, *spec))
+                else:
+                    found = Rate(where.rate(key, *spec))
+                _LIMITERS[cache_key] = found
     return found
 
 
+def _forget_in_child() -> None:
+    """A forked child holds no units and no waiters: it starts with fresh limiters."""
+    global _LIMITERS_LOCK
+    _LIMITERS.clear()
+    _LIMITERS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,5 +1,9 @@
-"""Per-node call policies: what ``@node(retries=..., backoff=..., timeout=..., concurrency=...,
-rate_limit=...)`` declares, parsed and validated into a ``Policy``.
+"""What a node's policy keywords mean: validation, the ``Policy`` value, backoff delays.
+
+``@node(retries=2, backoff="exponential", retry_on=ConnectionError, timeout=30,
+concurrency=4, rate_limit="100/minute")`` builds a ``Policy`` (``node.policy``; ``None``
+when no keyword that acts is set, and then executors call the function exactly as
+before). Bad values fail when the node is decorated, naming the node and what to write.
 """
 
 from __future__ import annotations
@@ -9,9 +13,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Policy", "NodeTimeoutError", "Exponential", "exponential", "make_policy",
-           "parse_rate_limit", "backoff_delay"]
-
+__all__ = [
+    "Policy",
+    "NodeTimeoutError",
+    "Exponential",
+    "exponential",
+    "make_policy",
+    "parse_rate_limit",
+    "parse_retry_on",
+    "backoff_delay",
+]
 
 
 class NodeTimeoutError(TimeoutError):
@@ -60,6 +71,11 @@ class Policy:
     timeout: float | None = None
     concurrency: int | None = None
     rate: tuple[float, float] | None = None  # (count, per seconds)
+    retry_on: tuple[type[BaseException], ...] = (Exception,)  # the errors worth retrying
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether a failed attempt with ``exc`` may be retried (attempts left aside)."""
+        return isinstance(exc, self.retry_on)
 
     @property
     def rate_text(self) -> str:
@@ -101,9 +117,22 @@ def parse_rate_limit(value: Any, node: str = "?") -> tuple[float, float]:
     return count, per
 
 
+def parse_retry_on(value: Any, node: str = "?") -> tuple[type[BaseException], ...]:
+    """``retry_on``: an exception class or a tuple of them -> a tuple of classes."""
+    classes = value if isinstance(value, tuple) else (value,)
+    if not classes or not all(isinstance(c, type) and issubclass(c, Exception) for c in classes):
+        raise ValueError(
+            f"node {node!r}: retry_on must be an exception class or a tuple of them (e.g. "
+            f"retry_on=(ConnectionError, TimeoutError)), got {value!r}"
+        )
+    return classes
+
+
 def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any = None,
-                concurrency: Any = None, rate_limit: Any = None) -> Policy | None:
+                concurrency: Any = None, rate_limit: Any = None,
+                retry_on: Any = Exception) -> Policy | None:
     """Validate a node's policy keywords; ``None`` when none is set (no wrapper at all)."""
+    retry_classes = parse_retry_on(retry_on, node)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ValueError(f"node {node!r}: retries must be an int >= 0, got {retries!r}")
     if backoff is not None and not callable(backoff):
@@ -124,7 +153,7 @@ def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any =
     if not retries and timeout is None and concurrency is None and rate is None:
         return None
     return Policy(node, retries, backoff, float(timeout) if timeout is not None else None,
-                  concurrency, rate)
+                  concurrency, rate, retry_classes)
 
 
 def backoff_delay(backoff: Any, attempt: int) -> float:
@@ -137,5 +166,3 @@ def backoff_delay(backoff: Any, attempt: int) -> float:
     if wait < 0:
         raise ValueError(f"backoff({attempt}) returned {wait} seconds; it must be >= 0")
     return wait
-
-

@@ -67,6 +67,17 @@ def pol_always_fails(x: int, log_dir: str) -> int:
     raise ValueError(f"attempt {n} failed for item {x}")
 
 
+@node(output_name="y", retries=3, backoff=0.001, retry_on=(ConnectionError, TimeoutError))
+async def pol_selective(x: int, log_dir: str) -> int:
+    """Even items: a transient error once (retried); odd items: a permanent one (not)."""
+    n = _attempt(log_dir, "selective", x)
+    if x % 2:
+        raise ValueError(f"bad input {x}")
+    if n == 1:
+        raise FlakyError(f"provider hiccup for {x}")
+    return x * 10
+
+
 # retries in the per-item scheduler path (a branch makes the plan dynamic)
 @branch(when_true="pol_flaky", when_false="pol_skip")
 def pol_route(x: int) -> bool:
@@ -164,6 +175,6 @@ def max_overlap(log_dir: str) -> tuple[int, int]:
 @node(output_name="backend")
 def pol_backend(x: int) -> str:
     """Which limits backend a policy node would use where this item runs."""
-    from hypernodes_dist.policies.limits import _backend
+    from hypernodes_dist.policies.limits import backend
 
-    return _backend().name
+    return backend().name

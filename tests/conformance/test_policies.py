@@ -81,6 +81,21 @@ def test_retries_exhausted_report_the_last_error_and_attempts(engine, logs):
     assert sorted(e.attempts for e in seen.errors) == [2, 2]
 
 
+def test_retry_on_retries_only_the_listed_errors(engine, logs):
+    seen = Policies()
+    res = Graph([P.pol_selective, P.pol_after], engine=engine, callbacks=[seen]).map(
+        {"x": [0, 1, 2, 3], "log_dir": logs}, map_over="x", on_error="collect"
+    )
+    assert [r.status for r in res] == ["complete", "error", "complete", "error"]
+    assert [res[0]["z"], res[2]["z"]] == [1, 21]
+    assert [P.attempts(logs, "selective", x) for x in range(4)] == [2, 1, 2, 1]
+    for r in (res[1], res[3]):  # a permanent error fails at once, with no retry note
+        assert isinstance(r.error, ValueError) and r.error.hn_attempts == 1
+        assert not any("retries" in note for note in r.error.__notes__)
+    assert sorted(e.item_index for e in seen.events if e.kind == "retry") == [0, 2]
+    assert sorted(e.attempts for e in seen.errors) == [1, 1]
+
+
 @pytest.mark.parametrize("sleepy", [P.pol_sleepy, P.pol_asleepy], ids=["sync", "async"])
 def test_timeout_fires_and_names_node_item_and_limit(engine, logs, sleepy):
     seen = Policies()
@@ -129,4 +144,4 @@ def test_rate_limit_spaces_calls(engine, logs):
 def test_limits_backend_is_cluster_wide_on_distributed(engine):
     res = Graph([P.pol_backend], engine=engine).map({"x": [0, 1]}, map_over="x")
     distributed = getattr(engine, "scheduler", None) == "distributed"
-    assert {r["backend"] for r in res} == {"distributed" if distributed else "file"}
+    assert {r["backend"] for r in res} == {"distributed" if distributed else "machine"}

@@ -1,47 +1,48 @@
 """Cluster-wide node limits on ``distributed``: the policy backend for tasks on Dask workers.
 
-The core enforces ``concurrency`` and ``rate_limit`` with lock files, which every process of
-one machine shares. Inside a ``distributed`` worker this backend replaces them, so a limit
-holds across all workers of the cluster, on any number of machines:
+The core keeps each limit per process (``hypernodes_dist.policies.limits``: units held,
+calls waiting, handed from call to call) over a shared backend. Inside a ``distributed``
+worker this backend replaces the machine-wide one, so a limit holds across all workers of
+the cluster, on any number of machines:
 
 - ``concurrency=N``: a ``distributed.Semaphore(max_leases=N)`` named after the node (leases
   live on the scheduler; a dead worker's leases expire after
-  ``distributed.scheduler.locks.lease-timeout``);
-- ``rate_limit``: the same reservation scheme as the file backend (each call reserves the
-  next start time, spaced ``per/count`` seconds), its state in the scheduler's metadata
-  store (``Client.get_metadata``/``set_metadata``) updated under a ``distributed.Lock``.
-  Start times are the workers' wall-clock times, so the machines' clocks must agree (NTP)
-  to within the spacing you need.
+  ``distributed.scheduler.locks.lease-timeout``). A worker only talks to the scheduler
+  when it needs more units than it holds or has nobody left to hand one to: while its
+  calls wait, a unit passes from a finished call to the next one inside the worker, so a
+  busy worker makes no scheduler round trip per call;
+- ``rate_limit``: the same reservation scheme as the machine backend (start times spaced
+  ``per/count`` seconds), reserved in blocks sized to the demand, its state in the
+  scheduler's metadata store (``Client.get_metadata``/``set_metadata``) updated under a
+  ``distributed.Lock``. Start times are the workers' wall-clock times, so the machines'
+  clocks must agree (NTP) to within the spacing you need.
 
-Each acquisition is one or a few scheduler round-trips (~1 ms): fine for API calls, the
-case these limits exist for. Registered with the core by importing ``hypernodes_dask``.
+Registered with the core by importing ``hypernodes_dask``.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
-from hypernodes_dist.policies import register_backend
+from hypernodes_dist.policies.limits import register_backend
 
 __all__ = ["DistributedLimits", "probe"]
 
 
-class _Slots:
+class _Semaphore:
     def __init__(self, key: str, n: int) -> None:
         from distributed import Semaphore
 
         self.sem = Semaphore(max_leases=n, name=f"hypernodes-concurrency-{n}-{key}")
 
-    def try_acquire(self) -> bool | None:
-        return True if self.sem.acquire(timeout=0) else None
+    def try_take(self) -> bool:
+        return bool(self.sem.acquire(timeout=0))
 
-    def acquire(self) -> bool:
+    def take(self) -> None:
         self.sem.acquire()
-        return True
 
-    def release(self, token: Any) -> None:
+    def give(self) -> None:
         self.sem.release()
 
 
@@ -55,13 +56,13 @@ class _Rate:
         self.client = get_client()
         self.path = ["hypernodes-rate", name]
 
-    def reserve(self) -> float:
+    def reserve(self, k: int = 1) -> float:
+        """The first of ``k`` start times (wall clock) spaced ``interval`` apart."""
         with self.lock:
             tat = float(self.client.get_metadata(self.path, default=0.0))
-            now = time.time()
-            start = max(tat, now)
-            self.client.set_metadata(self.path, start + self.interval)
-        return start - now
+            start = max(tat, time.time())
+            self.client.set_metadata(self.path, start + k * self.interval)
+        return start
 
 
 class DistributedLimits:
@@ -72,8 +73,8 @@ class DistributedLimits:
     def __init__(self, scheduler: str) -> None:
         self.directory = scheduler  # part of the core's limiter cache key: one per cluster
 
-    def slots(self, key: str, n: int) -> _Slots:
-        return _Slots(key, n)
+    def semaphore(self, key: str, n: int) -> _Semaphore:
+        return _Semaphore(key, n)
 
     def rate(self, key: str, count: float, per: float) -> _Rate:
         return _Rate(key, count, per)

@@ -1,0 +1,209 @@
+"""Machine-wide limit state: kernel semaphores for concurrency, a locked file for rates.
+
+Every process of one machine (Dask worker processes, a LocalCluster, Daft, several maps at
+once) shares the limits without anything shipped to it:
+
+- ``concurrency=N`` is a System V semaphore of value N, created on first use (key derived
+  from ``limits_dir()``, the node and N). Taking a unit is one ``semop`` (non-blocking, or
+  blocking in the kernel: a waiting process sleeps until a unit is returned, it never
+  polls). Every operation carries ``SEM_UNDO``: the kernel gives back the units a crashed
+  process held. The semaphore is created with value 0 and its creator then adds N, so a
+  process that opens it in between simply waits for the capacity (no initialisation race).
+- ``rate_limit`` of R per S seconds is a GCRA reservation in one ``flock``-protected file:
+  a reservation of ``k`` starts takes the next free start time and moves it ``k*S/R``
+  seconds on (blocking ``flock``: the kernel wakes the next process).
+
+Semaphores outlive their processes (like the lock files); ``remove_semaphores(directory)``
+deletes those created for one limits directory (tests use it to clean up).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import tempfile
+import threading
+import time
+from typing import Any
+
+__all__ = ["limits_dir", "MachineLimits", "KernelSemaphore", "FileRate", "remove_semaphores"]
+
+IPC_CREAT, IPC_EXCL, IPC_NOWAIT, IPC_RMID = 0o1000, 0o2000, 0o4000, 0
+SEM_UNDO = 0x1000
+_REGISTRY = "semaphores.txt"  # keys created for one limits directory
+
+
+class _SemBuf(ctypes.Structure):
+    _fields_ = [("sem_num", ctypes.c_ushort), ("sem_op", ctypes.c_short),
+                ("sem_flg", ctypes.c_short)]
+
+
+_libc: Any = None
+
+
+def _c() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return _libc
+
+
+def limits_dir() -> str:
+    """Where this machine's limit state lives (``$HYPERNODES_LIMITS_DIR`` overrides)."""
+    path = os.environ.get("HYPERNODES_LIMITS_DIR") or os.path.join(
+        tempfile.gettempdir(), f"hypernodes-limits-{os.getuid()}"
+    )
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _file_key(key: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:60]
+    return f"{safe}-{hashlib.blake2b(key.encode(), digest_size=4).hexdigest()}"
+
+
+def _ipc_key(directory: str, key: str, n: int) -> int:
+    digest = hashlib.blake2b(f"{os.path.realpath(directory)}\0{key}\0{n}".encode(),
+                             digest_size=4).digest()
+    return (int.from_bytes(digest, "little") & 0x7FFFFFFF) or 1
+
+
+class KernelSemaphore:
+    """N units shared by every process of the machine (a System V semaphore)."""
+
+    def __init__(self, directory: str, key: str, n: int) -> None:
+        self.n = n
+        self.ipc_key = _ipc_key(directory, key, n)
+        self.directory = directory
+        self.sid = self._open()
+        self._take = _SemBuf(0, -1, IPC_NOWAIT | SEM_UNDO)
+        self._wait = _SemBuf(0, -1, SEM_UNDO)
+        self._give = _SemBuf(0, 1, SEM_UNDO)
+
+    def _open(self) -> int:
+        c = _c()
+        sid = c.semget(self.ipc_key, 1, IPC_CREAT | IPC_EXCL | 0o600)
+        if sid >= 0:  # ours: record it, then add the capacity (openers meanwhile wait)
+            with open(os.path.join(self.directory, _REGISTRY), "a") as f:
+                f.write(f"{self.ipc_key}\n")
+            if c.semop(sid, ctypes.byref(_SemBuf(0, self.n, 0)), 1) != 0:
+                raise _os_error("semop")
+            return sid
+        if ctypes.get_errno() != errno.EEXIST:
+            raise _os_error("semget")
+        sid = c.semget(self.ipc_key, 1, 0o600)
+        if sid < 0:
+            raise _os_error("semget")
+        return sid
+
+    def try_take(self) -> bool:
+        """One unit if one is free now (one system call, never blocks)."""
+        if _c().semop(self.sid, ctypes.byref(self._take), 1) == 0:
+            return True
+        code = ctypes.get_errno()
+        if code in (errno.EAGAIN, errno.EINTR):
+            return False
+        raise _os_error("semop", code)
+
+    def take(self) -> None:
+        """One unit; sleeps in the kernel until another process returns one."""
+        c = _c()
+        while c.semop(self.sid, ctypes.byref(self._wait), 1) != 0:
+            code = ctypes.get_errno()
+            if code != errno.EINTR:
+                raise _os_error("semop", code)
+
+    def give(self) -> None:
+        if _c().semop(self.sid, ctypes.byref(self._give), 1) != 0:
+            raise _os_error("semop")
+
+    def value(self) -> int:
+        """Units free now (for tests and diagnostics)."""
+        return int(_c().semctl(self.sid, 0, 12))  # GETVAL
+
+
+def _os_error(call: str, code: int | None = None) -> OSError:
+    code = ctypes.get_errno() if code is None else code
+    return OSError(code, f"hypernodes concurrency limit: {call} failed: {os.strerror(code)}")
+
+
+def remove_semaphores(directory: str) -> int:
+    """Delete the semaphores created for ``directory``; returns how many were removed."""
+    path = os.path.join(directory, _REGISTRY)
+    try:
+        keys = {int(line) for line in open(path).read().split()}
+    except OSError:
+        return 0
+    removed = 0
+    c = _c()
+    for key in keys:
+        sid = c.semget(key, 1, 0o600)
+        if sid >= 0 and c.semctl(sid, 0, IPC_RMID) == 0:
+            removed += 1
+    os.unlink(path)
+    return removed
+
+
+class _Fd:
+    """A file descriptor reopened after a fork (a forked child must not share lock state)."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.pid, self.fd = path, -1, -1
+
+    def get(self) -> int:
+        if self.pid != os.getpid():
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            self.pid = os.getpid()
+        return self.fd
+
+
+class FileRate:
+    """A rate limit of ``count`` per ``per`` seconds: a GCRA reservation in one locked file.
+
+    ``reserve(k)`` takes the next ``k`` start times (spaced ``per/count`` seconds) and
+    returns the first one (wall clock). FIFO, no polling, no burst.
+    """
+
+    def __init__(self, directory: str, key: str, count: float, per: float) -> None:
+        self.interval = per / count
+        self.fd = _Fd(os.path.join(directory, f"{_file_key(key)}.r{count:g}-{per:g}.rate"))
+        self.local = threading.Lock()
+
+    def reserve(self, k: int = 1) -> float:
+        with self.local:
+            fd = self.fd.get()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                raw = os.pread(fd, 64, 0)
+                now = time.time()
+                try:
+                    tat = float(raw.decode() or 0.0)
+                except ValueError:
+                    tat = 0.0
+                if tat - now > 86400:  # a clock that jumped back: start over
+                    tat = 0.0
+                start = max(tat, now)
+                os.pwrite(fd, repr(start + k * self.interval).encode().ljust(64), 0)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        return start
+
+
+class MachineLimits:
+    """The default backend: one machine, every process of it."""
+
+    name = "machine"
+
+    def __init__(self) -> None:
+        self.directory = limits_dir()
+
+    def semaphore(self, key: str, n: int) -> KernelSemaphore:
+        return KernelSemaphore(self.directory, key, n)
+
+    def rate(self, key: str, count: float, per: float) -> FileRate:
+        return FileRate(self.directory, key, count, per)
