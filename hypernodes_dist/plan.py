@@ -54,17 +54,30 @@ class Plan:
         self.outputs = _ordered_outputs(self.nodes)
         self.ancestors = tuple(topology.ancestors[n.name] for n in self.nodes)
         self.static = not topology.has_cycles and all(n.kind == "function" for n in self.nodes)
-        # columnar: acyclic, no interrupts, no gate that can END (END stops a run mid-wave,
-        # which only the per-item scheduler reproduces); branches/gates decided per item
+        # columnar: acyclic, no interrupts; branches and gates decided per item. A gate
+        # that can END must be comparable with every other node (each one its ancestor or
+        # its descendant): then every item meets them in plan order, as the scheduler runs
+        # them, and END stops exactly the nodes after the gate (see ``_ends_in_order``)
         self.columnar = not topology.has_cycles and all(
-            n.kind in ("function", "branch")
-            or (n.kind == "gate" and END not in n.choices)  # type: ignore[attr-defined]
-            for n in self.nodes
-        )
+            n.kind in ("function", "branch", "gate") for n in self.nodes
+        ) and all(self._ends_in_order(i) for i, n in enumerate(self.nodes)
+                  if n.kind == "gate" and END in n.choices)  # type: ignore[attr-defined]
         self.is_async = any(n.is_async or (n.streaming and not n.is_generator) for n in self.nodes)
+        # flows: items walk the plan one by one (execution/flow.py), so one that waits
+        # (async call, retry back-off, limit) holds back no other
+        self.flows = self.columnar and (self.is_async or any(
+            n.policy is not None and n.policy.waits for n in self.nodes))
         self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt")
         self.graph_hash = _structure_hash(self.nodes)
         self._code_ids: dict[str, str] | None = None
+
+    def _ends_in_order(self, i: int) -> bool:
+        """Whether node ``i`` (a gate that can END) is an ancestor or a descendant of every
+        other node. Otherwise the scheduler's waves may run an unrelated node before or
+        after the gate depending on the item, which only the per-item strategy reproduces."""
+        ancestors, bit = self.ancestors, 1 << i
+        return all(j == i or ancestors[i] >> j & 1 or ancestors[j] & bit
+                   for j in range(len(self.nodes)))
 
     # -- cache identities (computed in the driver, shipped with the plan) -------------------
     def code_ids(self, every: bool = False) -> dict[str, str]:

@@ -108,6 +108,9 @@ def test_blocking_and_async_waiters_share_one_limit(limits_dir):
     for t in threads:
         t.join(60)
     assert peak[0] <= 2 and running[0] == 0
+    deadline = time.monotonic() + 30
+    while (slots.leasing or slots.sem.value() != 2) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert slots.sem.value() == 2
 
 
@@ -133,4 +136,7 @@ def test_a_cancelled_waiter_gives_its_unit_on(limits_dir):
         slots.release()
 
     asyncio.run(main())
+    deadline = time.monotonic() + 30  # the lease thread hands back what it took meanwhile
+    while (slots.leasing or slots.sem.value() != 1) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert slots.sem.value() == 1

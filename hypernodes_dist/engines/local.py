@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.execution.flow import ItemFlow, drive
 from hypernodes_dist.execution.job import MapJob, Sink
+from hypernodes_dist.execution.syncio import run_sync
 
 __all__ = ["GraphEngine"]
 
@@ -17,8 +21,10 @@ __all__ = ["GraphEngine"]
 class GraphEngine(Engine):
     """The local reference engine: ``run``, ``map`` and ``iter`` in this process.
 
-    ``map`` runs items in batches of ``batch_size`` through the shared plan executor; async
-    nodes run up to ``batch_size`` items concurrently. With ``parallel_nodes=True``,
+    ``map`` runs items in batches of ``batch_size`` through the shared plan executor. Items
+    of plans with async nodes or waiting policies flow one by one, up to ``batch_size``
+    in flight (not counting items sleeping in a retry back-off), across batch boundaries;
+    results come back per batch, in item order. With ``parallel_nodes=True``,
     independent nodes of a run execute concurrently and map batches spread over
     ``max_workers`` threads.
     """
@@ -36,6 +42,9 @@ class GraphEngine(Engine):
         self.batch_size = batch_size
 
     def execute_map(self, job: MapJob, sink: Sink) -> None:
+        if job.plan.flows and not (self.parallel_nodes and self.max_workers > 1):
+            run_sync(self._flow(job, sink))
+            return
         bounds = list(job.bounds(self.batch_size))
         if not self.parallel_nodes or self.max_workers == 1 or len(bounds) == 1:
             with batch_writes(job.settings.cache, None) as writes:  # one buffer for all batches
@@ -58,6 +67,26 @@ class GraphEngine(Engine):
         """Parts one after another, each through the executor in steps of 10 000 items (at
         most ``batch_size`` async calls in flight): few executor calls per part."""
         job.run_here(report, step=max(self.batch_size, 10_000), concurrency=self.batch_size)
+
+    async def _flow(self, job: MapJob, sink: Sink) -> None:
+        """Plans whose items flow (``Plan.flows``): the items of every batch under one window
+        of ``batch_size`` items, so the next batch's calls are in flight while a batch
+        finishes; each batch goes to ``sink`` when its last item is done."""
+        settings, worker = job.settings, worker_id()
+        with batch_writes(settings.cache, None) as writes:  # one buffer for all batches
+            def items() -> Iterator[tuple[ItemFlow, int]]:
+                for start, stop in job.bounds(self.batch_size):
+                    flow = ItemFlow(job.plan, job.chunk(start, stop), settings, writes)
+                    for i in range(flow.n):
+                        yield flow, i
+
+            def done(flow: ItemFlow) -> None:
+                if flow.pending == 0:
+                    result = flow.finish()
+                    result.worker, result.run_prefix = worker, settings.run_prefix
+                    sink(result)
+
+            await drive(items(), asyncio.Semaphore(self.batch_size), done)
 
     def __repr__(self) -> str:
         return (

@@ -2,12 +2,15 @@
 
 Every engine calls ``execute_batch`` — the local engine in the driver, a Dask task on a
 worker, a Daft UDF on a partition — so all engines share one semantics and one cache-key
-scheme. Two strategies, chosen by the plan:
+scheme. Three strategies, chosen by the plan:
 
-- *columnar* (``columnar.py``; acyclic plans, branches and gates without ``END`` decided
-  per item): node by node over the whole batch, one C-level ``map`` per sync node, one
-  ``gather`` per async node; chained cache keys, so a warm batch fetches only its outputs;
-- *per item* (here): the reactive ``Scheduler`` runs each item (cycles, ``END``).
+- *item flow* (``flow.py``; acyclic plans with async nodes or waiting policies): each
+  item walks the plan on its own, so an item that waits holds back no other;
+- *columnar* (``columnar.py``; other acyclic plans, branches and gates decided per item):
+  node by node over the whole batch, one C-level ``map`` per sync node; chained cache
+  keys, so a warm batch fetches only its outputs;
+- *per item* (here): the reactive ``Scheduler`` runs each item (cycles, interrupts, a
+  gate that can ``END`` beside nodes unrelated to it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from hypernodes_dist.errors import portable
 from hypernodes_dist.events import RunEndEvent, RunStartEvent
 from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.execution.flow import ItemFlow
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.execution.scheduler import RunContext, RunState, Scheduler
 from hypernodes_dist.execution.syncio import run_sync
@@ -35,7 +39,8 @@ def execute_batch(
     ``writes``: a cache write buffer shared by consecutive batches of one caller, who
     flushes it at the end (fewer, larger transactions); by default each batch has its own.
     """
-    result = run_sync(run_batch(plan, chunk, settings, writes), needs_loop=plan.is_async)
+    result = run_sync(run_batch(plan, chunk, settings, writes),
+                      needs_loop=plan.is_async or plan.flows)
     result.worker = worker_id()
     result.run_prefix = settings.run_prefix
     return result
@@ -46,6 +51,8 @@ async def run_batch(
 ) -> BatchResult:
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     with batch_writes(settings.cache, writes) as buffer:
+        if plan.flows:
+            return await ItemFlow(plan, chunk, settings, buffer).run()
         if plan.columnar:
             return await Columnar(plan, chunk, settings, buffer).run()
         return await _per_item(plan, chunk, settings, buffer)

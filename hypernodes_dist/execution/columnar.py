@@ -37,8 +37,8 @@ class Columnar(ColumnCalls):
 
     Branch and gate decisions are kept per item (``active``): a target runs for the items
     that chose it; a consumer whose produced input is absent for an item uses its default,
-    or does not run for that item. This is the scheduler's semantics for acyclic graphs
-    whose gates cannot ``END`` (the plans ``Plan.columnar`` admits).
+    or does not run for that item; an item whose gate chose ``END`` runs no node after it.
+    This is the scheduler's semantics for the acyclic plans ``Plan.columnar`` admits.
     """
 
     def __init__(
@@ -51,6 +51,7 @@ class Columnar(ColumnCalls):
         self.failed: dict[int, BaseException] = {}
         self.codes = {node.name: bytearray(self.n) for node in plan.nodes}
         self.active: dict[str, set[int]] = {t: set() for t in plan.gated}
+        self.ended: set[int] = set()  # items a gate ENDed: no node after it runs for them
         self.keys = Keys(plan, settings.cache) if settings.cache is not None else None
         self.cache = settings.cache
         self.node_keys: dict[str, list[str]] = {}
@@ -191,8 +192,10 @@ class Columnar(ColumnCalls):
             self._store(node, hits, HIT)
         failed = self.failed
         todo: Sequence[int] = need  # a range while every item takes part: no int per item
-        if failed or hits:
-            todo = [i for i in need if i not in failed and (not hits or i not in hits)]
+        if failed or hits or self.ended:
+            ended = self.ended
+            todo = [i for i in need if i not in failed and (not hits or i not in hits)
+                    and i not in ended]
         if self.plan.static:
             return todo
         for p in node.params:
@@ -321,7 +324,9 @@ class Columnar(ColumnCalls):
             except Exception as exc:
                 self._record_failure(node, i, exc)
                 continue
-            if target is not END:
+            if target is END:
+                self.ended.add(i)
+            else:
                 self.active[target].add(i)
             decided[i] = value
         return decided

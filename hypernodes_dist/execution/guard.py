@@ -166,7 +166,7 @@ class Guard:
             timing.start = time.perf_counter()
             if p.timeout is None:
                 value = await call()
-            elif blocking:
+            elif blocking or not awaits(self.node):  # sync: a thread, abandoned on timeout
                 held = None  # the helper thread releases the slot when the call really ends
                 value = self._in_thread(call, item, attempt, slots)
             else:

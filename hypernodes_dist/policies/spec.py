@@ -78,6 +78,11 @@ class Policy:
         return isinstance(exc, self.retry_on)
 
     @property
+    def waits(self) -> bool:
+        """Whether a call may wait (back-off, a limit, a timeout), not just re-run."""
+        return bool(self.backoff or self.timeout or self.concurrency or self.rate)
+
+    @property
     def rate_text(self) -> str:
         assert self.rate is not None
         count, per = self.rate
