@@ -40,7 +40,7 @@ from hypernodes_dist.events import (
     StreamingStartEvent,
 )
 from hypernodes_dist.execution.context import PARENT, Parent, worker_id
-from hypernodes_dist.execution.guard import guarded_call
+from hypernodes_dist.execution.guard import Attempts, guarded_call
 from hypernodes_dist.execution.invoke import call_node, split_outputs
 from hypernodes_dist.execution.statesync import delta_ops
 from hypernodes_dist.execution.syncio import run_sync
@@ -261,8 +261,9 @@ class Scheduler:
                 hit = self.ctx.keys.cache.get_many([key], node.name)  # type: ignore[union-attr]
                 if key in hit:
                     value, cached = hit[key], True
+            timing = Attempts() if node.policy is not None else None
             if not cached:
-                value = await self._call(node, kwargs, step)
+                value = await self._call(node, kwargs, step, timing)
                 if key is not None:
                     self._write(node.name, key, value)
             outputs = self._apply(node, value, key, step)
@@ -273,6 +274,8 @@ class Scheduler:
                 self._emit_error(node, step, exc, t0, started, iteration)
             raise
         del state.inflight[name]
+        if timing is not None and timing.start:  # the successful attempt: waits not counted
+            started, t0 = started + (timing.start - t0), timing.start
         duration = (time.perf_counter() - t0) * 1000
         state.history.append(
             NodeExecution(name, step, iteration, parallel_index, key or "", outputs, cached,
@@ -307,7 +310,8 @@ class Scheduler:
                 ids.append(keys.default_id(node, p))
         return keys.key(node, ids, self._token)
 
-    async def _call(self, node: HyperNode, kwargs: dict[str, Any], step: int) -> Any:
+    async def _call(self, node: HyperNode, kwargs: dict[str, Any], step: int,
+                    timing: Attempts | None = None) -> Any:
         emit = self.ctx.emit
         on_chunk = None
         if node.streaming and emit is not None:
@@ -323,7 +327,8 @@ class Scheduler:
             emit is not None and node.nests) else None
         try:
             if node.policy is not None:  # retries, timeout, limits: policies.py
-                value = await guarded_call(node, kwargs, on_chunk, self.ctx, self._base(node, step))
+                value = await guarded_call(node, kwargs, on_chunk, self.ctx, self._base(node, step),
+                                           timing)
             elif self.ctx.parallel and not node.is_async:
                 value = await self._in_thread(node, kwargs, on_chunk)
             else:

@@ -362,3 +362,37 @@ def mixed(noisy: int, a: int) -> int:
 
 
 MIXED = [inc, noisy, mixed]
+
+
+# --------------------------------------------------------------------------- acyclic END gates
+
+
+@node(output_name="score")
+def score_of(x: int) -> int:
+    return x % 4
+
+
+@gate
+def triage(score: int) -> Literal["deepen", END]:
+    return END if score == 0 else "deepen"
+
+
+@node(output_name="detail")
+def deepen(x: int, score: int) -> str:
+    return f"d{x}/{score}"
+
+
+@node(output_name="summary")
+def summarize(x: int, detail: str = "none") -> str:  # a default: would run if END let it
+    return f"{x}:{detail}"
+
+
+END_CHAIN = [score_of, triage, deepen, summarize]  # every node before or after the gate
+
+
+@node(output_name="side")
+def side(x: int) -> int:  # unrelated to the gate: such graphs take the per-item path
+    return -x
+
+
+END_BESIDE = [*END_CHAIN, side]

@@ -129,6 +129,21 @@ def test_gate_with_end_in_map(engine):
     assert res[1].status == "complete" and "answer" not in res[1]
 
 
+@pytest.mark.parametrize("nodes,columnar", [(G.END_CHAIN, True), (G.END_BESIDE, False)],
+                         ids=["chain", "beside"])
+def test_acyclic_end_gate_matches_run(engine, nodes, columnar):
+    g = Graph(nodes, engine=engine)
+    assert g.plan.columnar is columnar  # the columnar strategy, or the per-item scheduler
+    xs = list(range(9))
+    res = g.map({"x": xs}, map_over="x")
+    for x, r in zip(xs, res):  # a map item is exactly a run of the same graph
+        alone = Graph(nodes).run({"x": x})
+        assert dict(r) == dict(alone) and r.status == alone.status == "complete"
+        assert [h.node_id for h in r.history] == [h.node_id for h in alone.history]
+    assert "summary" not in res[0] and "summary" not in res[4]  # ENDed: nothing after the gate
+    assert res[1]["summary"] == "1:d1/1"
+
+
 def test_cycle_in_map_matches_reference(engine):
     topics = ["a", "ai", "a long topic", "xy"]
     res = Graph(G.CYCLE, engine=engine).map({"topic": topics, "target": 9}, map_over="topic")
