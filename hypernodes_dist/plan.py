@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from hypernodes_dist.cache.hashing import hash_code
+from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.nodes import END, HyperNode
 from hypernodes_dist.topology import Topology, analyze
 

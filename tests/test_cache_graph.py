@@ -97,7 +97,7 @@ def test_version_overrides_code_identity(tmp_path):
 SCRIPT = """
 import json, sys
 sys.path.insert(0, {root!r})
-from hypernodes_dist import DiskCache, Graph, ObjectStoreCache, node
+from hypernodes_dist import DiskCache, Graph, node
 
 @node(output_name="size")
 def size(items: frozenset, meta: dict, tags: set) -> int:

@@ -20,10 +20,10 @@ import uuid
 
 import pytest
 
+from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import (
     UnhashableValueError,
     combine,
-    hash_code,
     hash_value,
     node_key,
 )
@@ -279,7 +279,7 @@ def test_hash_code_stable_across_processes(tmp_path: pathlib.Path) -> None:
     _load(tmp_path, "m_proc", MOD.format(unrelated=1, extra=""))
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import m_proc;"
-        "from hypernodes_dist.cache.hashing import hash_code; print(hash_code(m_proc.node_fn))"
+        "from hypernodes_dist.cache.codeid import hash_code; print(hash_code(m_proc.node_fn))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "99", "PYTHONPATH": ROOT}
     out = subprocess.run(

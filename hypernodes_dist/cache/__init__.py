@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hypernodes_dist.cache import codeid  # noqa: F401 - installs the code identity of functions
 from hypernodes_dist.cache.base import MISSING, SCOPES, Cache, CacheNotVisibleError
 
 if TYPE_CHECKING:

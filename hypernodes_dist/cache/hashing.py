@@ -1,4 +1,4 @@
-"""Canonical content hashing of values and code identity of node functions.
+"""Canonical content hashing of values (code identity of functions: ``codeid``).
 
 Every id is 32 lowercase hex chars of xxh3_128 and is identical in every process and on every
 machine running the same Python minor version: builtin ``hash()`` is never used.
@@ -13,7 +13,7 @@ module never imports them. Other objects are resolved per type, in this order:
 
 1. ``__hypernodes_hash__(self) -> str | bytes`` if the type defines it;
 2. enums, dataclasses, namedtuples, subclasses of builtins, datetime/date/time/timedelta,
-   Decimal, UUID, paths, ranges, types, functions (by :func:`hash_code`);
+   Decimal, UUID, paths, ranges, types, functions (by ``codeid.hash_code``);
 3. plain objects (default pickling, with a ``__dict__``): type + canonical hash of ``vars()``;
 4. fallback: ``cloudpickle.dumps(obj, protocol=5)`` (deterministic for plain objects within one
    Python version); if that fails, :class:`UnhashableValueError` naming the type.
@@ -23,18 +23,14 @@ Cycles through containers, dataclasses and plain objects hash as back-references
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import datetime as _dt
 import decimal
 import enum
 import functools
-import inspect
 import pathlib
 import struct
 import sys
-import sysconfig
-import textwrap
 import types
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,12 +38,20 @@ from typing import Any
 
 from xxhash import xxh3_128, xxh3_128_digest, xxh3_128_hexdigest
 
-__all__ = ["UnhashableValueError", "combine", "hash_code", "hash_value", "node_key"]
+__all__ = ["UnhashableValueError", "combine", "hash_value", "node_key", "set_code_identity"]
 
 _Enc = Callable[[Any, list], bytes]
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<q").pack
 _MAX_RESOLVED = 4096
+# how a function value is identified: ``codeid.hash_code``, installed when ``codeid`` loads
+# (the ``hypernodes_dist.cache`` package imports it first, so it is always there)
+_CODE_IDENTITY: list[Callable[[Any], str]] = []
+
+
+def set_code_identity(fn: Callable[[Any], str]) -> None:
+    """Install the code identity used for function values (``codeid.hash_code``)."""
+    _CODE_IDENTITY[:] = [fn]
 
 
 class UnhashableValueError(TypeError):
@@ -274,7 +278,7 @@ def _resolve(t: type) -> _Enc:
     if issubclass(t, type):
         return lambda v, stack: xxh3_128_digest(b"y" + _qualname(v).encode())
     if _callable_type(t):
-        return lambda v, stack: xxh3_128_digest(b"F" + bytes.fromhex(hash_code(v)))
+        return lambda v, stack: xxh3_128_digest(b"F" + bytes.fromhex(_CODE_IDENTITY[0](v)))
     if _plain_object_type(t):
         return _cyclic(b"o" + name + b"\0", lambda v, stack: _RESOLVED[dict](vars(v), stack))
     return _pickled
@@ -421,185 +425,3 @@ def _arrow(obj: Any, tag: bytes) -> bytes:
     h = xxh3_128(tag)
     h.update(memoryview(sink.getvalue()))
     return h.digest()
-
-
-# --------------------------------------------------------------------------- code identity
-
-_SOURCE_MEMO: dict[int, tuple[types.CodeType, str]] = {}
-
-
-@functools.lru_cache(maxsize=1)
-def _library_prefixes() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    return tuple(sorted({paths[k] for k in keys if k in paths}))
-
-
-def hash_code(func: Callable, version: str | None = None) -> str:
-    """Code identity of a node function.
-
-    Source text from the ``def`` line on (decorators stripped, dedented, trailing spaces removed)
-    + closure values + defaults + the code of the global functions and simple constants it names
-    (recursively, cycle-guarded; functions of the stdlib or site-packages count by name only).
-    Without source (REPL, lambdas) the bytecode, constants and names count instead. Partials,
-    bound methods and callable instances are handled. With ``version=``, only the qualified name
-    and the version string count. Compute it once in the driver and ship it with the plan: a
-    worker without the source file would fall back to bytecode and get a different id.
-    """
-    if version is not None:
-        name = getattr(func, "__qualname__", None) or _qualname(type(func))
-        return combine("hn-code-version", name, str(version))
-    return _code_id(func, set())
-
-
-def _code_id(func: Any, active: set[int]) -> str:
-    if id(func) in active:
-        return combine("hn-code-cycle", getattr(func, "__qualname__", "?"))
-    active.add(id(func))
-    try:
-        return _code_id_inner(func, active)
-    finally:
-        active.discard(id(func))
-
-
-def _code_id_inner(func: Any, active: set[int]) -> str:
-    if isinstance(func, functools.partial):
-        args = _opaque_id((func.args, func.keywords), active)
-        return combine("hn-partial", _code_id(func.func, active), args)
-    if isinstance(func, types.MethodType):
-        return combine(
-            "hn-method", _code_id(func.__func__, active), _opaque_id(func.__self__, active)
-        )
-    wrapped = getattr(func, "__wrapped__", None)
-    if wrapped is not None and wrapped is not func and not isinstance(func, type):
-        return _code_id(wrapped, active)
-    if isinstance(func, types.FunctionType):
-        return _function_id(func, active)
-    if isinstance(func, type):
-        return combine("hn-ref", _qualname(func))
-    if isinstance(func, types.BuiltinFunctionType):
-        return combine("hn-ref", _ref_name(func))
-    call = inspect.getattr_static(type(func), "__call__", None)
-    if isinstance(call, types.FunctionType):
-        try:
-            cls_src = _clean_source(inspect.getsource(type(func)))
-        except (OSError, TypeError):
-            cls_src = _code_fallback(call.__code__)
-        state = _opaque_id(vars(func) if hasattr(func, "__dict__") else func, active)
-        return combine("hn-instance", _qualname(type(func)), cls_src, _code_id(call, active), state)
-    return combine("hn-ref", _ref_name(func), _opaque_id(func, active))
-
-
-def _ref_name(obj: Any) -> str:
-    mod = getattr(obj, "__module__", None) or ""
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    return f"{mod}.{name}" if name else _qualname(type(obj))
-
-
-def _opaque_id(value: Any, active: set[int]) -> str:
-    """Id of a closed-over value; values that cannot be hashed count by their type only."""
-    if isinstance(value, (types.FunctionType, functools.partial, types.MethodType)):
-        return _code_id(value, active)
-    try:
-        return hash_value(value)
-    except (UnhashableValueError, RecursionError):
-        return combine("hn-opaque", _qualname(type(value)))
-
-
-def _function_id(func: types.FunctionType, active: set[int]) -> str:
-    code = func.__code__
-    parts = [_source_id(func), _opaque_id(func.__defaults__, active)]
-    parts.append(_opaque_id(func.__kwdefaults__, active))
-    for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False):
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # empty cell
-            contents = _EMPTY
-        parts += [name, _opaque_id(contents, active) if contents is not _EMPTY else "-"]
-    globs = func.__globals__
-    for name in sorted(_global_names(code)):
-        if name not in globs:
-            continue
-        obj = globs[name]
-        target = getattr(obj, "__wrapped__", obj) if not isinstance(obj, type) else obj
-        if isinstance(target, types.FunctionType):
-            if target.__code__.co_filename.startswith(_library_prefixes()):
-                parts += [name, combine("hn-ref", _ref_name(target))]
-            else:
-                parts += [name, _code_id(target, active)]
-        elif _is_simple_const(obj):
-            parts += [name, hash_value(obj)]
-    return combine("hn-func", *parts)
-
-
-_EMPTY = object()
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-def _is_simple_const(obj: Any) -> bool:
-    if type(obj) in (str, int, float, bool, bytes, complex, type(None)):
-        return True
-    if type(obj) in (tuple, frozenset) and len(obj) <= 64:
-        return all(_is_simple_const(x) for x in obj)
-    return False
-
-
-def _source_id(func: types.FunctionType) -> str:
-    code = func.__code__
-    memo = _SOURCE_MEMO.get(id(code))
-    if memo is not None and memo[0] is code:
-        return memo[1]
-    src = None
-    if code.co_name != "<lambda>":
-        try:
-            src = _clean_source(inspect.getsource(func))
-        except (OSError, TypeError, SyntaxError):
-            src = None
-    result = combine("hn-src", src) if src is not None else _code_fallback(code)
-    if len(_SOURCE_MEMO) > 8192:
-        _SOURCE_MEMO.clear()
-    _SOURCE_MEMO[id(code)] = (code, result)
-    return result
-
-
-def _clean_source(src: str) -> str:
-    """Dedent, drop decorator lines (everything before the def/class line), strip line ends."""
-    src = textwrap.dedent(src)
-    lines = src.splitlines()
-    try:
-        tree = ast.parse(src)
-        first = tree.body[0]
-        start = first.lineno - 1 if isinstance(first, _DEFS) else 0
-    except (SyntaxError, IndexError):
-        start = 0
-    return "\n".join(line.rstrip() for line in lines[start:])
-
-
-_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def _code_fallback(code: types.CodeType) -> str:
-    """Identity of a code object without its source: bytecode, constants, names, arguments."""
-    consts = [
-        _code_fallback(c) if isinstance(c, types.CodeType) else hash_value(c)
-        for c in code.co_consts
-    ]
-    shape = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags)
-    return combine(
-        "hn-bytecode",
-        sys.implementation.cache_tag or "",
-        code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
-        code.co_code.hex(),
-        *consts,
-        "|".join(code.co_names),
-        "|".join(code.co_varnames),
-        "|".join(code.co_freevars),
-        repr(shape),
-    )
