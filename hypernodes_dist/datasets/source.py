@@ -337,14 +337,6 @@ class DaskSource(Source):
     def __init__(self, frame: Any) -> None:
         self.frame = frame
         self.columns = tuple(str(c) for c in frame.columns)
-        self._lengths: list[int] | None = None
-
-    @property
-    def lengths(self) -> list[int]:
-        """Rows per Dask partition (one pass over the partitions, on the workers)."""
-        if self._lengths is None:
-            self._lengths = [int(x) for x in self.frame.map_partitions(len).compute()]
-        return self._lengths
 
     def fingerprint(self) -> str:
         return _digest(self.frame._name, self.columns)

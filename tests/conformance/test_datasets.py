@@ -206,3 +206,22 @@ def test_bad_arguments_fail_before_anything_runs(engine, tmp_path):
         g.map({"text": table}, map_over="text")
     assert not (tmp_path / "o").exists() or not any(
         p.startswith("part-") for p in os.listdir(tmp_path / "o"))
+
+
+class _Ends:
+    def __init__(self) -> None:
+        self.ends: list[tuple[str, int]] = []
+
+    def on_node_end(self, event) -> None:
+        self.ends.append((event.node_id, event.item_index))
+
+
+def test_callbacks_see_every_node_execution_and_empty_source(engine, tmp_path):
+    seen = _Ends()
+    g = Graph(D.ENRICH, engine=engine, callbacks=[seen])
+    res = g.map(source=pa.table({"text": D.texts(N)}), into=tmp_path / "out", progress=True)
+    assert res.rows == N
+    assert sorted(seen.ends) == sorted((name, i) for name in ("normalize", "measure", "label")
+                                       for i in range(N))
+    empty = g.map(source=pa.table({"text": pa.array([], pa.string())}), into=tmp_path / "e")
+    assert empty.rows == 0 and empty.failed == 0 and empty.to_arrow().num_rows == 0

@@ -1,10 +1,13 @@
-"""Run by test_ray.py in a fresh process: a local Ray, then one map on DaftEngine(runner="ray")."""
+"""Run by test_ray.py in a fresh process: a local Ray, then maps on DaftEngine(runner="ray")
+(in memory, and one dataset map written with ``into=``)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 
+import pyarrow as pa
 import ray
 
 from hypernodes_daft import DaftEngine
@@ -21,7 +24,12 @@ def main() -> None:
         failed = Graph(G.FRAGILE, engine=engine).map(
             {"x": [1, 3, 5]}, map_over="x", on_error="collect"
         )
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Graph(G.CHAIN, engine=engine).map(
+                source=pa.table({"x": list(range(8))}), into=f"{tmp}/out", select=["c"])
+            rows = data.to_arrow().sort_by("_hn_row")
         out = {
+            "dataset_c": rows.column("c").to_pylist(),
             "c": [r["c"] for r in chain],
             "summary": [r["summary"] for r in stats],
             "status": [r.status for r in failed],

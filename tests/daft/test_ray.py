@@ -33,6 +33,7 @@ def test_map_on_daft_ray_runner():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["c"] == [G.chain_expected(x)["c"] for x in range(8)]
+    assert out["dataset_c"] == out["c"]
     assert out["summary"] == ["2.0±1.0", "2.0±0.0"]
     assert out["status"] == ["complete", "error", "complete"]
     assert out["error"] == "ItemFailure" and any("fragile" in n for n in out["notes"])
