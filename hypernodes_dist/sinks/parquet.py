@@ -44,6 +44,7 @@ class ParquetDataset:
             self.filesystem = pafs.LocalFileSystem()
             self.root = os.path.abspath(os.path.expanduser(where))
         self.root = self.root.rstrip("/") or "/"
+        self.uri_prefix = where.split("://", 1)[0] + "://" if self.remote else ""
 
     def __repr__(self) -> str:
         return f"ParquetDataset({self.location!r})"

@@ -106,7 +106,7 @@ def _run_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
     try:
         # collect() keeps the scan order, so the row ids are the rows' positions (a write
         # alone would not: Daft's writers drop the order of everything before them)
-        out.collect().write_parquet(tmp, single_file=True)
+        out.collect().write_parquet(task.out.uri_prefix + tmp, single_file=True)
     except BaseException:
         task.out.remove(tmp)
         _take(token)
