@@ -12,8 +12,9 @@ For every engine and row count, two cases run the same per-row Python functions
   Daft: ``daft.read_parquet`` -> batch UDF -> ``write_parquet``.
 
 Each case runs in a fresh subprocess, which reports its wall time (the pipeline only, not
-interpreter start-up) and its peak RSS (``ru_maxrss``: the driver's memory, imports
-included). Targets: hypernodes/raw <= 1.5x; driver peak RSS under 500 MB, and the same
+interpreter start-up) and its peak RSS (``VmHWM``: the driver process's memory, imports
+included; Dask workers and Ray are other processes, Dask threads and Daft's native runner
+are the driver's). Targets: hypernodes/raw <= 1.5x; driver peak RSS under 500 MB, and the same
 within 100 MB at 1M and 5M rows. Prints a table, writes benchmarks/results/datasets.json.
 
 Run: ``.venv/bin/python benchmarks/bench_datasets.py --rows 1000000,5000000``
@@ -177,9 +178,22 @@ def run_case(engine: str, kind: str, src: Path, out: Path) -> dict:
     else:
         rows = raw_daft(src, out)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
     return {"engine": engine, "kind": kind, "rows": rows, "seconds": round(seconds, 3),
-            "driver_peak_rss_mb": round(peak, 1)}
+            "driver_peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS: ``VmHWM`` on Linux (``ru_maxrss`` is inherited from the
+    parent across fork + exec, so it would report the bench driver's peak)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale / 1024
 
 
 def in_subprocess(engine: str, kind: str, src: Path, out: Path) -> dict:
