@@ -108,6 +108,11 @@ class _SQLiteStore:
                  packed.index, packed.data))
             return int(cur.lastrowid), len(packed.data)  # type: ignore[arg-type]
 
+    def version(self, scope: str, node: str | None) -> int:
+        """Changes whenever another connection commits (``PRAGMA data_version``)."""
+        with self._lock:
+            return int(self._connect().execute("PRAGMA data_version").fetchone()[0])
+
     def scan(self, scope: str, node: str | None, known: Any) -> list[tuple[int, int, bytes]]:
         """Indexes of the segments newer than the last scan (of this node, or of all)."""
         where, args = ("scope = ? AND id > ?", [scope]) if node is None else (

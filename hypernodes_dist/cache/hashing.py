@@ -33,7 +33,9 @@ import struct
 import sys
 import types
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from operator import add
 from typing import Any
 
 from xxhash import xxh3_128, xxh3_128_digest, xxh3_128_hexdigest
@@ -149,6 +151,23 @@ def node_key(
 def chain_id(key: str, output: str) -> str:
     """Identity of output ``output`` of the node execution whose key is ``key``."""
     return xxh3_128_hexdigest(f"hn-out-v1|{key}|{output}".encode("utf-8", "surrogatepass"))
+
+
+def chain_ids(keys: Iterable[str], output: str) -> list[str]:
+    """``chain_id`` of many keys at once (C-level maps: no Python frame per key)."""
+    texts = map(add, map(add, repeat("hn-out-v1|"), keys), repeat("|" + output))
+    return list(map(xxh3_128_hexdigest, map(str.encode, texts, repeat("utf-8"),
+                                            repeat("surrogatepass"))))
+
+
+def keys_from(prefixes: str | Iterable[str], rows: Iterable[str]) -> list[str]:
+    """``key_from`` of many items at once: ``rows`` are their value ids already joined with
+    ``|``; ``prefixes`` is one ``key_prefix`` for all or one per item."""
+    if isinstance(prefixes, str):
+        texts = map(prefixes.__add__, rows)
+    else:
+        texts = map(add, prefixes, rows)
+    return list(map(xxh3_128_hexdigest, map(str.encode, texts)))
 
 
 def key_prefix(code_id: str, names: Sequence[str], scope_token: str | None = None) -> str:

@@ -10,7 +10,7 @@ hash. A key = hash(code identity, (parameter, value identity) pairs, session/run
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
@@ -18,14 +18,16 @@ from typing import Any
 from hypernodes_dist.cache.hashing import (
     UnhashableValueError,
     chain_id,
+    chain_ids,
     hash_value,
     key_from,
     key_prefix,
+    keys_from,
 )
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import Plan
 
-__all__ = ["Keys", "WriteBuffer", "batch_writes", "scope_token", "FLUSH_SECONDS"]
+__all__ = ["Keys", "KeyValues", "WriteBuffer", "batch_writes", "scope_token", "FLUSH_SECONDS"]
 
 FLUSH_SECONDS = 0.5  # finished work reaches the disk at least this often during a batch
 
@@ -107,34 +109,102 @@ class Keys:
         ``n``; ``tokens`` is one scope token for every item or a column of ``n``."""
         perm = self._layout(node)[0]
         cols = [arg_ids[i] for i in perm]
-        rows = zip(*(repeat(c, n) if isinstance(c, str) else c for c in cols)) if cols else repeat((), n)
+        rows: Iterable[str]
+        if len(cols) == 1 and not isinstance(cols[0], str):
+            rows = cols[0]  # one parameter: its ids are the rows (no join per item)
+        elif cols:
+            rows = map("|".join, zip(*(repeat(c, n) if isinstance(c, str) else c for c in cols)))
+        else:
+            rows = repeat("", n)
         if tokens is None or isinstance(tokens, str):
-            prefix = self._prefix(node, tokens)
-            return [key_from(prefix, ids) for ids in rows]
-        return [key_from(self._prefix(node, t), ids) for t, ids in zip(tokens, rows)]
+            return keys_from(self._prefix(node, tokens), rows)
+        return keys_from(map(self._prefix, repeat(node), tokens), rows)
 
     @staticmethod
     def output_id(key: str, output: str) -> str:
         return chain_id(key, output)
 
+    @staticmethod
+    def output_ids(keys: Sequence[str], output: str) -> list[str]:
+        """``output_id`` of a column of keys (C-level: no Python work per key)."""
+        return chain_ids(keys, output)
+
+    @staticmethod
+    def column_ids(node: HyperNode, param: str, values: Sequence[Any]) -> list[str] | None:
+        """``input_id`` of a column of values at C speed; ``None`` if one is unhashable
+        (the caller then goes item by item to fail only that item)."""
+        try:
+            return list(map(hash_value, values))
+        except UnhashableValueError:
+            return None
+
+
+class KeyValues(Mapping[str, Any]):
+    """A read-only mapping over a column of keys and a column of values, built without
+    hashing anything: what ``WriteBuffer`` hands to ``Cache.set_many`` (which only walks it).
+    A key given twice keeps its last value (content addresses: the same value anyway)."""
+
+    def __init__(self, keys: list[str], values: list[Any]) -> None:
+        self._keys, self._values = keys, values
+        self._dict: dict[str, Any] | None = None
+
+    def _mapping(self) -> dict[str, Any]:
+        if self._dict is None:
+            self._dict = dict(zip(self._keys, self._values))
+        return self._dict
+
+    def __getitem__(self, key: str) -> Any:
+        return self._mapping()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def keys(self) -> Any:
+        return self._keys
+
+    def values(self) -> Any:
+        return self._values
+
+    def items(self) -> Any:
+        return zip(self._keys, self._values)
+
 
 class WriteBuffer:
     """Cache writes of one batch (or of consecutive batches run by one caller), grouped by
     node: one ``set_many`` (one segment, one transaction) per node and flush, yet never more
-    than ``FLUSH_SECONDS`` of finished work waiting in memory (a crash loses at most that)."""
+    than ``FLUSH_SECONDS`` of finished work waiting in memory (a crash loses at most that).
+    Results are kept as two columns per node (no dict insert per result)."""
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
-        self.items: dict[str, dict[str, Any]] = {}  # node -> {key: value}
+        self.items: dict[str, tuple[list[str], list[Any]]] = {}  # node -> (keys, values)
         self.last = time.monotonic()
 
+    def _columns(self, node: str) -> tuple[list[str], list[Any]]:
+        found = self.items.get(node)
+        if found is None:
+            found = self.items[node] = ([], [])
+        return found
+
     def add(self, key: str, value: Any, node: str) -> None:
-        self.items.setdefault(node, {})[key] = value
+        keys, values = self._columns(node)
+        keys.append(key)
+        values.append(value)
+        self.flush_if_due()
+
+    def extend(self, keys: Iterable[str], values: Iterable[Any], node: str) -> None:
+        """Add a column of results of ``node`` (``keys`` and ``values`` aligned)."""
+        mine, theirs = self._columns(node)
+        mine.extend(keys)
+        theirs.extend(values)
         self.flush_if_due()
 
     def update(self, pairs: Iterable[tuple[str, Any]], node: str) -> None:
-        self.items.setdefault(node, {}).update(pairs)
-        self.flush_if_due()
+        for key, value in pairs:
+            self.add(key, value, node)
 
     def flush_if_due(self) -> None:
         if self.items and time.monotonic() - self.last >= FLUSH_SECONDS:
@@ -142,9 +212,9 @@ class WriteBuffer:
 
     def flush(self) -> None:
         groups, self.items = self.items, {}
-        for node, items in groups.items():
-            if items:
-                self.cache.set_many(items, node=node)
+        for node, (keys, values) in groups.items():
+            if keys:
+                self.cache.set_many(KeyValues(keys, values), node=node)
         self.last = time.monotonic()
 
 

@@ -114,6 +114,14 @@ class _FsStore:
         selector = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
         return [i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
+    def version(self, scope: str, node: str | None) -> int | None:
+        """A node directory's mtime on files (new objects are renamed into it); ``None``
+        on object stores (they have no cheap change signal: the caller throttles)."""
+        if not self.local or node is None:
+            return None
+        info = self.fs.get_file_info(self._dir(scope, node))
+        return info.mtime_ns if info.mtime_ns is not None else 0
+
     def scan(self, scope: str, node: str | None, known: Any) -> list[tuple[str, int, bytes]]:
         """Indexes not loaded yet (of this node, or of every node of the scope)."""
         prefix = f"{self.root}/{scope}" if node is None else self._dir(scope, node)

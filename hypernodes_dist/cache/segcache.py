@@ -167,7 +167,7 @@ class SegmentCache:
         known = self._known
         locs = list(map(known.index.get, keys))
         found = list(filter(None, locs))
-        if len(found) < len(keys) and self._due(node):
+        if len(found) < len(keys) and (known.pending or self._due(store, node)):
             self._refresh(store, node)
             locs = list(map(known.index.get, keys))
             found = list(filter(None, locs))
@@ -197,47 +197,60 @@ class SegmentCache:
         return out
 
     def _segment_values(self, store: Any, number: int) -> list[Any] | None:
-        """Every value of one segment (one read for its uncached blocks)."""
-        seg = self._known.segments[number]
+        """Every value of one segment, decoded once (one read) and kept in the LRU."""
+        known = self._known
+        where = (number, -1)  # the whole segment
+        values = known.cached_block(where)
+        if values is not None:
+            return values
+        seg = known.segments[number]
         if seg is None:
             return None
-        blocks = range(len(seg.counts))
-        cached = [self._known.cached_block((number, b)) for b in blocks]
-        if sum(v is None for v in cached) > 1:
-            try:
-                data = store.read(seg.ref, 0, seg.size)
-            except self._errors:
-                data = None
-            for b in blocks:
-                if cached[b] is None:
-                    off = seg.offsets[b]
-                    blob = data[off:off + seg.lengths[b]] if data is not None else None
-                    cached[b] = self._decoded((number, b), blob)
-                    if cached[b] is None:
-                        return None
+        try:
+            data = store.read(seg.ref, 0, seg.size)
+        except self._errors:
+            log.debug("hypernodes cache: read failed", exc_info=True)
+            data = None
         out: list[Any] = []
-        for b in blocks:
-            values = cached[b] if cached[b] is not None else self._block(store, (number, b))
+        for b, (off, length) in enumerate(zip(seg.offsets, seg.lengths)):
+            blob = data[off:off + length] if data is not None else None
+            values = self._decoded((number, b), blob, keep=False)
             if values is None:
                 return None
             out += values
+        with self._lock:
+            known.keep_block(where, out, seg.size)
         return out
 
-    def _due(self, node: str | None) -> bool:
+    def _due(self, store: Any, node: str | None) -> bool:
+        """Whether a miss should reload indexes: the store changed since the last load (when
+        it can tell cheaply: SQLite's data version, a directory's mtime), or, when it cannot
+        (object stores), ``refresh_seconds`` passed."""
         last = self._known.refreshed.get(node)
-        return last is None or time.monotonic() - last >= self.refresh_seconds
+        if last is None:
+            return True
+        version = store.version(self.scope, node)
+        if version is not None:
+            return version != last[1]
+        return time.monotonic() - last[0] >= self.refresh_seconds
 
     def _refresh(self, store: Any, node: str | None) -> None:
         """Load the indexes written since the last refresh (of ``node``, or of every node)."""
         with self._lock:
             known = self._known
+            for ref, size, keys, rows in known.pending:  # this process's own writes
+                known.add(ref, size, keys, rows)
+            known.pending.clear()
+            if not self._due(store, node):
+                return
             try:
+                version = store.version(self.scope, node)
                 found = store.scan(self.scope, node, known)
             except self._errors as exc:
                 log.debug("hypernodes cache: listing failed", exc_info=True)
                 self._warn_once("cannot list", exc)
                 return
-            known.refreshed[node] = time.monotonic()
+            known.refreshed[node] = (time.monotonic(), version)
             for ref, size, blob in found:
                 decoded = decode_index(blob)
                 if decoded is None:
@@ -262,7 +275,8 @@ class SegmentCache:
             blob = None
         return self._decoded(where, blob)
 
-    def _decoded(self, where: tuple[int, int], blob: bytes | None) -> list[Any] | None:
+    def _decoded(self, where: tuple[int, int], blob: bytes | None,
+                 keep: bool = True) -> list[Any] | None:
         """Verify and unpickle one block; a bad one evicts its segment."""
         known = self._known
         number, b = where
@@ -277,8 +291,9 @@ class SegmentCache:
             if ref is not None and blob is not None:  # a vanished segment needs no delete
                 self._delete(self._store, ref)
             return None
-        with self._lock:
-            known.keep_block(where, values, seg.lengths[b])
+        if keep:
+            with self._lock:
+                known.keep_block(where, values, seg.lengths[b])
         return values
 
     def _delete(self, store: Any, ref: Any) -> None:
@@ -304,15 +319,13 @@ class SegmentCache:
         group = node or NO_NODE
         for packed in pack(items):
             try:
-                store.put(self.scope, group, packed)
+                ref, size = store.put(self.scope, group, packed)
             except self._errors as exc:
                 self._degrade("cannot write to", exc, writes_only=True)
                 return
-        # this process's own writes are indexed lazily, on the next lookup that misses: a cold
-        # map never reads back what it wrote, and the index of a big batch is not free
-        refreshed = self._known.refreshed
-        refreshed.pop(node, None)
-        refreshed.pop(None, None)
+            with self._lock:  # indexed lazily: a cold map never reads back what it wrote
+                self._known.pending.append((ref, size, packed.keys, packed.rows))
+                self._known.known.add(ref)
 
     # -- single-key API ------------------------------------------------------------------------
     def get(self, key: str, default: Any = MISSING) -> Any:

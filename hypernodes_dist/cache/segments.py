@@ -186,8 +186,10 @@ class SegmentIndex:
     known: set[Any] = field(default_factory=set)
     blocks: OrderedDict[tuple[int, int], list[Any]] = field(default_factory=OrderedDict)
     block_bytes: int = 0
-    refreshed: dict[str | None, float] = field(default_factory=dict)
+    refreshed: dict[str | None, tuple[float, Any]] = field(default_factory=dict)  # time, version
     cursor: dict[str | None, Any] = field(default_factory=dict)  # backend-specific
+    pending: list[tuple[Any, int, list[str], list[tuple[int, int, int]]]] = field(
+        default_factory=list)  # this process's writes, indexed on the next miss
 
     def add(self, ref: Any, size: int, keys: list[str], rows: Sequence[tuple[int, int, int]]) -> None:
         """Register one segment (its keys now resolve to it)."""
@@ -215,10 +217,10 @@ class SegmentIndex:
             loc = index.get(key)
             if loc is not None and lo <= loc < hi:
                 del index[key]
-        for b in range(len(seg.counts)):
+        for b in range(-1, len(seg.counts)):
             found = self.blocks.pop((number, b), None)
             if found is not None:
-                self.block_bytes -= seg.lengths[b]
+                self.block_bytes -= seg.size if b < 0 else seg.lengths[b]
         return seg.ref
 
     def locate(self, keys: Sequence[str]) -> dict[tuple[int, int], list[tuple[str, int]]]:
@@ -249,4 +251,5 @@ class SegmentIndex:
         while self.block_bytes > LRU_BYTES and len(self.blocks) > 1:
             (number, b), _ = self.blocks.popitem(last=False)
             seg = self.segments[number]
-            self.block_bytes -= seg.lengths[b] if seg is not None else 0
+            if seg is not None:
+                self.block_bytes -= seg.size if b < 0 else seg.lengths[b]

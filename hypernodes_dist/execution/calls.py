@@ -28,7 +28,9 @@ from hypernodes_dist.plan import MISSING
 
 __all__ = ["ColumnCalls", "Clock", "PERSIST_SLICE", "Persist"]
 
-PERSIST_SLICE = 64  # at most this many cacheable sync calls between two hand-overs
+PERSIST_SLICE = 1024  # at most this many cacheable sync calls between two hand-overs
+# the slice size a node reached in its last batch (slices still halve as soon as one is slow)
+_SLICES: weakref.WeakKeyDictionary[HyperNode, int] = weakref.WeakKeyDictionary()
 Persist = Callable[[Sequence[int], Sequence[Any]], None]
 
 
@@ -73,7 +75,7 @@ class ColumnCalls:
         if persist is None:
             return self._map(node, fn, its, todo, [], clock)
         out: list[Any] = []
-        start, size = 0, 1
+        start, size = 0, _SLICES.get(node, 1)
         while start < len(todo):  # persist as slices finish; slices adapt to the call time
             stop = min(start + size, len(todo))
             t0 = time.monotonic()
@@ -84,6 +86,7 @@ class ColumnCalls:
             quick = time.monotonic() - t0 < FLUSH_SECONDS / 4
             size = min(size * 2, PERSIST_SLICE) if quick else max(1, size // 2)
             start = stop
+        _SLICES[node] = size
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],

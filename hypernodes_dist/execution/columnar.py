@@ -118,7 +118,7 @@ class Columnar(ColumnCalls):
                 pkeys = self.node_keys.get(self.plan.producers[p][0])  # static: one producer
                 if pkeys is None:
                     return  # downstream of a non-cacheable node: keyed when it runs
-                arg_ids.append([keys.output_id(k, p) for k in pkeys])
+                arg_ids.append(keys.output_ids(pkeys, p))
             else:
                 arg_ids.append(self._given_ids(node, p))
         self.node_keys[node.name] = self._keys_for(node, arg_ids)
@@ -132,7 +132,9 @@ class Columnar(ColumnCalls):
             if p in self.consts:
                 found = keys.input_id(node, p, self.consts[p])
             elif p in self.values:
-                found = [self._item_id(node, p, i, v) for i, v in enumerate(self.values[p])]
+                column = self.values[p]
+                found = Keys.column_ids(node, p, column) or [
+                    self._item_id(node, p, i, v) for i, v in enumerate(column)]
             else:
                 return keys.default_id(node, p)
             self.input_ids[p] = found
@@ -249,9 +251,10 @@ class Columnar(ColumnCalls):
             else:
                 keys = list(map(node_keys.__getitem__, positions))
             if any(map(is_, values, repeat(MISSING))):
-                writes.update([(k, v) for k, v in zip(keys, values) if v is not MISSING], name)
+                kept = [(k, v) for k, v in zip(keys, values) if v is not MISSING]
+                writes.extend([k for k, _ in kept], [v for _, v in kept], name)
             else:
-                writes.update(zip(keys, values), name)
+                writes.extend(keys, values, name)
 
         return persist
 
