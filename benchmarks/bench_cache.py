@@ -60,18 +60,23 @@ def one_round(n: int, tmp: Path, best: dict[str, float]) -> None:
     keep("map, no cache", timed(lambda: Graph([inc, double, fmt]).map(inputs, map_over="x")))
     for name, make in BACKENDS.items():
         where = Path(tempfile.mkdtemp(dir=tmp))
-        cache = make(where)
-        cache.stats()  # open the store (imports) before the clock starts
-        g = Graph([inc, double, fmt], cache=cache)
-        keep(f"{name}: cold", timed(lambda: g.map(inputs, map_over="x")))
-        warm = Graph([inc, double, fmt], cache=make(where))  # a fresh handle: loads indexes
-        warm.cache.stats()
-        keep(f"{name}: warm, select leaf",
-             timed(lambda: warm.map(inputs, map_over="x", select=["c"])))
-        keep(f"{name}: warm, all outputs", timed(lambda: warm.map(inputs, map_over="x")))
-        res = warm.map(inputs, map_over="x", select=["c"])
-        assert all(h.cached for h in res[n // 2].history), "the warm map missed"
+        bench_backend(name, make, where, inputs, keep)
         shutil.rmtree(where, ignore_errors=True)
+
+
+def bench_backend(name: str, make: Callable[[Path], object], where: Path, inputs: dict,
+                  keep: Callable[[str, float], None]) -> None:
+    n = len(inputs["x"])
+    cache = make(where)
+    cache.stats()  # open the store (imports) before the clock starts
+    g = Graph([inc, double, fmt], cache=cache)
+    keep(f"{name}: cold", timed(lambda: g.map(inputs, map_over="x")))
+    warm = Graph([inc, double, fmt], cache=make(where))  # a fresh handle: loads indexes
+    warm.cache.stats()
+    keep(f"{name}: warm, select leaf", timed(lambda: warm.map(inputs, map_over="x", select=["c"])))
+    keep(f"{name}: warm, all outputs", timed(lambda: warm.map(inputs, map_over="x")))
+    res = warm.map(inputs, map_over="x", select=["c"])
+    assert all(h.cached for h in res[n // 2].history), "the warm map missed"
 
 
 def main(n: int, repeat: int) -> list[dict]:
