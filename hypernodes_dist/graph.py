@@ -246,10 +246,10 @@ class Graph:
         pandas, Dask or Daft DataFrame; ``columns={input: column}`` renames, ``keep``
         copies source columns into the output rows). See the README, "Datasets".
         """
-        if source is not None and map_over is not None:
+        if source is not None and (map_over is not None or map_mode != "zip"):
             raise ValueError(
-                "map() takes map_over or source=, not both: with a source every row is one "
-                "item (rename columns with columns={input: column})")
+                "map() takes map_over/map_mode or source=, not both: with a source every row "
+                "is one item (rename columns with columns={input: column})")
         if source is None and map_over is None:
             raise ValueError("map() needs map_over (the inputs to map over) or source=")
         if into is not None or source is not None:

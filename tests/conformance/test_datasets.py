@@ -196,8 +196,10 @@ def test_bad_arguments_fail_before_anything_runs(engine, tmp_path):
     table = pa.table({"body": ["a"], "id": [1]})
     with pytest.raises(ValueError, match="'text'.*body, id"):
         g.map(source=table, into=tmp_path / "o")
-    with pytest.raises(ValueError, match="map_over or source"):
+    with pytest.raises(ValueError, match="map_over/map_mode or source"):
         g.map({"text": ["a"]}, map_over="text", source=table)
+    with pytest.raises(ValueError, match="map_over/map_mode or source"):
+        g.map(source=table, columns={"text": "body"}, map_mode="product")
     with pytest.raises(ValueError, match="keep="):
         g.map(source=table, columns={"text": "body"}, keep=["nope"], into=tmp_path / "o")
     with pytest.raises(TypeError, match="source="):
