@@ -18,7 +18,7 @@ are the driver's). Targets: hypernodes/raw <= 1.5x; driver peak RSS under 500 MB
 within 100 MB at 1M and 5M rows. Prints a table, writes benchmarks/results/datasets.json.
 
 Run: ``.venv/bin/python benchmarks/bench_datasets.py --rows 1000000,5000000``
-(``--engines local,dask,dask-distributed,daft``; ``--rows 20000`` checks it works).
+(``--engines local,dask,dask-processes,dask-distributed,daft``; ``--rows 20000`` checks it works).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-ENGINES = ("local", "dask", "dask-distributed", "daft")
+ENGINES = ("local", "dask", "dask-processes", "dask-distributed", "daft")
 FILE_ROWS = 500_000
 
 
@@ -89,8 +89,7 @@ def hypernodes_case(engine_name: str, src: Path, out: Path) -> int:
     elif engine_name.startswith("dask"):
         from hypernodes_dask import DaskEngine
 
-        engine = DaskEngine(scheduler="distributed" if engine_name.endswith("distributed")
-                            else "threads")
+        engine = DaskEngine(scheduler=_scheduler(engine_name))
     else:
         from hypernodes_daft import DaftEngine
 
@@ -119,7 +118,12 @@ def raw_local(src: Path, out: Path) -> int:
     return rows
 
 
-def raw_dask(src: Path, out: Path, distributed: bool) -> int:
+def _scheduler(engine: str) -> str:
+    """``dask`` -> threads (Dask's default), ``dask-processes``, ``dask-distributed``."""
+    return engine.partition("-")[2] or "threads"
+
+
+def raw_dask(src: Path, out: Path, scheduler: str) -> int:
     import dask.dataframe as dd
 
     def enrich(frame):
@@ -127,7 +131,7 @@ def raw_dask(src: Path, out: Path, distributed: bool) -> int:
         return frame[["id"]].assign(clean=clean, words=words, label=labels)
 
     client = cluster = None
-    if distributed:
+    if scheduler == "distributed":
         from distributed import Client, LocalCluster
 
         cluster = LocalCluster(processes=True, dashboard_address=":0")
@@ -139,7 +143,9 @@ def raw_dask(src: Path, out: Path, distributed: bool) -> int:
         meta = pd.DataFrame({"id": pd.Series([], dtype="int64"), "clean": pd.Series([], dtype=str),
                              "words": pd.Series([], dtype="int64"),
                              "label": pd.Series([], dtype=str)})
-        df.map_partitions(enrich, meta=meta).to_parquet(str(out), write_index=False)
+        work = df.map_partitions(enrich, meta=meta).to_parquet(str(out), write_index=False,
+                                                               compute=False)
+        work.compute(scheduler=None if client is not None else scheduler)
         return len(dd.read_parquet(str(out), columns=["id"]))
     finally:
         if client is not None:
@@ -174,7 +180,7 @@ def run_case(engine: str, kind: str, src: Path, out: Path) -> dict:
     elif engine == "local":
         rows = raw_local(src, out)
     elif engine.startswith("dask"):
-        rows = raw_dask(src, out, engine.endswith("distributed"))
+        rows = raw_dask(src, out, _scheduler(engine))
     else:
         rows = raw_daft(src, out)
     seconds = time.perf_counter() - t0

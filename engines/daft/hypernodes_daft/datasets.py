@@ -7,7 +7,8 @@ One Daft query per part (a part is a row range; see ``hypernodes_dist.datasets``
       -> row id (monotonically_increasing_id) -> keep the part's row range
       -> batch UDF: PartTask.compute -> struct of outputs, _hn_row, _hn_error (unnested)
       -> collect (in scan order: the rows stay in _hn_row order)
-      -> write_parquet(temporary name, single_file=True) -> rename
+      -> write_parquet(temporary name, single_file=True) -> rename   (a helper thread,
+         while the next part computes)
 
 so a killed map keeps every finished part file and a rerun skips it. The UDF returns the
 results as Arrow columns (never pickled payloads); counts, events and a raised error reach
@@ -25,6 +26,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import daft
@@ -56,8 +58,17 @@ def part_rows(n: int | None, batch_size: int | None) -> int:
 
 def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
                        batch_size: int | None) -> None:
-    for part, frame, first in _frames(job):
-        report(_run_part(job.task, part, frame, first, batch_size))
+    """Parts one after another; a part's file is written by a helper thread while the next
+    part computes (the write is Daft's Rust code; the plan's Python calls hold the GIL)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="hn-daft-write") as writer:
+        writing: Future[PartReport] | None = None
+        for part, frame, first in _frames(job):
+            computed, done = _compute_part(job.task, part, frame, first, batch_size)
+            if writing is not None:
+                report(writing.result())
+            writing = writer.submit(_write_part, job.task, part, computed, done)
+        if writing is not None:
+            report(writing.result())
 
 
 def _frames(job: DatasetJob) -> Iterator[tuple[Part, daft.DataFrame, int]]:
@@ -89,41 +100,48 @@ def _from_columns(data: dict[str, Any]) -> daft.DataFrame:
     return daft.from_pydict(series)
 
 
-def _run_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
-              batch_size: int | None) -> PartReport:
+def _compute_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
+                  batch_size: int | None) -> tuple[daft.DataFrame, PartReport]:
+    """The part's output rows, collected (in scan order, so the row ids are the rows'
+    positions: a write alone would not keep it, Daft's writers drop the order of what comes
+    before them), and its counts; a failed row under ``on_error="raise"`` raises here."""
     token = f"{uuid.uuid4().hex}"
     with _lock:
         _MAIL[token] = []
     names = list(task.mapping)
-    fields = task.computed_fields
     size = batch_size or partition_size(part.n, _cpus(), 2)
-    udf = daft.func.batch(return_dtype=DataType.from_arrow_type(pa.struct(fields)),
-                          unnest=True, batch_size=size, use_process=False)(
-        _make_udf(task, part.offset - first, names, token))
+    udf = daft.func.batch(
+        return_dtype=DataType.from_arrow_type(pa.struct(task.computed_fields)), unnest=True,
+        batch_size=size, use_process=False)(_make_udf(task, part.offset - first, names, token))
     columns = [col(task.mapping[name]) for name in names]
     out = frame.select(*(col(k) for k in task.keep), udf(col(ID), *columns))
-    tmp = task.out.temp_path(part.index)
     try:
-        # collect() keeps the scan order, so the row ids are the rows' positions (a write
-        # alone would not: Daft's writers drop the order of everything before them)
-        out.collect().write_parquet(task.out.uri_prefix + tmp, single_file=True)
-    except BaseException:
-        task.out.remove(tmp)
-        _take(token)
-        raise
-    reports = _take(token)
+        computed = out.collect()
+    finally:
+        reports = _take(token)
     failure = [m for m in reports if isinstance(m, BaseException)]
     if failure:
-        task.out.remove(tmp)
         raise failure[0]
-    task.out.adopt(part.index, tmp)
     total = PartReport(part.index, part.offset, sum(r.n for r in reports), worker=worker_id())
     for r in reports:
         total.failed += r.failed
         total.executed += r.executed
         total.hits += r.hits
         total.events.extend(r.events)
-    return total
+    return computed, total
+
+
+def _write_part(task: PartTask, part: Part, computed: daft.DataFrame,
+                done: PartReport) -> PartReport:
+    """Daft writes the part to a temporary name; the rename makes it appear complete."""
+    tmp = task.out.temp_path(part.index)
+    try:
+        computed.write_parquet(task.out.uri_prefix + tmp, single_file=True)
+    except BaseException:
+        task.out.remove(tmp)
+        raise
+    task.out.adopt(part.index, tmp)
+    return done
 
 
 def _take(token: str) -> list[Any]:
