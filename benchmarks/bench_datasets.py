@@ -15,7 +15,8 @@ Each case runs in a fresh subprocess, which reports its wall time (the pipeline 
 interpreter start-up) and its peak RSS (``VmHWM``: the driver process's memory, imports
 included; Dask workers and Ray are other processes, Dask threads and Daft's native runner
 are the driver's). Targets: hypernodes/raw <= 1.5x; driver peak RSS under 500 MB, and the same
-within 100 MB at 1M and 5M rows. Prints a table, writes benchmarks/results/datasets.json.
+within 100 MB at 1M and 5M rows. Prints a table, writes benchmarks/results/<name>.json
+(``--name``, default ``datasets``).
 
 Run: ``.venv/bin/python benchmarks/bench_datasets.py --rows 1000000,5000000``
 (``--engines local,dask,dask-processes,dask-distributed,daft``; ``--rows 20000`` checks it works).
@@ -263,6 +264,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1000000,5000000")
     parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--name", default="datasets", help="results file name")
     parser.add_argument("--case", nargs=4, metavar=("ENGINE", "KIND", "SRC", "OUT"))
     args = parser.parse_args()
     if args.case:
@@ -276,5 +278,5 @@ if __name__ == "__main__":
     for line in summary(results):
         print(line)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "datasets.json").write_text(json.dumps(
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(
         {"rows": rows_list, "results": results, "summary": summary(results)}, indent=1))

@@ -28,6 +28,7 @@ from hypernodes_dist.trace import TraceCollector
 if TYPE_CHECKING:
     from hypernodes_dist.cache.disk import DiskCache
     from hypernodes_dist.cache.objectstore import ObjectStoreCache
+    from hypernodes_dist.datasets.result import DatasetResult
 
 __all__ = [
     "node",
@@ -42,6 +43,7 @@ __all__ = [
     "ObjectStoreCache",
     "GraphResult",
     "MapResult",
+    "DatasetResult",
     "NodeExecution",
     "HyperNode",
     "FunctionNode",
@@ -58,4 +60,8 @@ def __getattr__(name: str) -> Any:
         from hypernodes_dist import cache
 
         return getattr(cache, name)
+    if name == "DatasetResult":  # loads pyarrow: only when asked for
+        from hypernodes_dist.datasets.result import DatasetResult
+
+        return DatasetResult
     raise AttributeError(f"module 'hypernodes_dist' has no attribute {name!r}")
