@@ -177,8 +177,9 @@ class DatasetCollector:
         if progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=job.n, desc=f"map [{engine}] -> parquet", unit="item",
-                            dynamic_ncols=True)
+            written = min(job.n or 0, len(job.skip) * job.rows_per_part)  # earlier runs
+            self.bar = tqdm(total=job.n, initial=written, desc=f"map [{engine}] -> parquet",
+                            unit="item", dynamic_ncols=True)
 
     def accept(self, report: PartReport) -> None:
         self.done += report.n
