@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.batch import execute_batch
-from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.flow import ItemFlow, drive
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.syncio import run_sync
@@ -72,7 +71,7 @@ class GraphEngine(Engine):
         """Plans whose items flow (``Plan.flows``): the items of every batch under one window
         of ``batch_size`` items, so the next batch's calls are in flight while a batch
         finishes; each batch goes to ``sink`` when its last item is done."""
-        settings, worker = job.settings, worker_id()
+        settings = job.settings
         with batch_writes(settings.cache, None) as writes:  # one buffer for all batches
             def items() -> Iterator[tuple[ItemFlow, int]]:
                 for start, stop in job.bounds(self.batch_size):
@@ -82,9 +81,7 @@ class GraphEngine(Engine):
 
             def done(flow: ItemFlow) -> None:
                 if flow.pending == 0:
-                    result = flow.finish()
-                    result.worker, result.run_prefix = worker, settings.run_prefix
-                    sink(result)
+                    sink(flow.finish())
 
             await drive(items(), asyncio.Semaphore(self.batch_size), done)
 

@@ -39,11 +39,8 @@ def execute_batch(
     ``writes``: a cache write buffer shared by consecutive batches of one caller, who
     flushes it at the end (fewer, larger transactions); by default each batch has its own.
     """
-    result = run_sync(run_batch(plan, chunk, settings, writes),
-                      needs_loop=plan.is_async or plan.flows)
-    result.worker = worker_id()
-    result.run_prefix = settings.run_prefix
-    return result
+    return run_sync(run_batch(plan, chunk, settings, writes),
+                    needs_loop=plan.is_async or plan.flows)
 
 
 async def run_batch(
@@ -52,10 +49,14 @@ async def run_batch(
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     with batch_writes(settings.cache, writes) as buffer:
         if plan.flows:
-            return await ItemFlow(plan, chunk, settings, buffer).run()
-        if plan.columnar:
-            return await Columnar(plan, chunk, settings, buffer).run()
-        return await _per_item(plan, chunk, settings, buffer)
+            result = await ItemFlow(plan, chunk, settings, buffer).run()
+        elif plan.columnar:
+            result = await Columnar(plan, chunk, settings, buffer).run()
+        else:
+            result = await _per_item(plan, chunk, settings, buffer)
+    result.worker = worker_id()
+    result.run_prefix = settings.run_prefix
+    return result
 
 
 # ============================================================================ per item

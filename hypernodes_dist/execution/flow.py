@@ -28,7 +28,7 @@ from typing import Any
 from hypernodes_dist.cache.keys import WriteBuffer, scope_token
 from hypernodes_dist.events import NodeColumns
 from hypernodes_dist.execution.columnar import Columnar
-from hypernodes_dist.execution.context import PARENT
+from hypernodes_dist.execution.context import PARENT, worker_id
 from hypernodes_dist.execution.guard import WINDOW, Attempts
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
@@ -205,7 +205,9 @@ class ItemFlow(Columnar):
         if self.settings.want_events:
             for node in self.plan.nodes:
                 self._columns_of(node)
-        return self._result()
+        result = self._result()
+        result.worker, result.run_prefix = worker_id(), self.settings.run_prefix
+        return result
 
     def _columns_of(self, node: HyperNode) -> None:
         name, step = node.name, self.plan.position[node.name]

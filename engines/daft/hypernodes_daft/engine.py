@@ -51,7 +51,7 @@ import daft
 from daft import DataType, col
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import partition_size
+from hypernodes_dist.engines.kit import flow_tasks, partition_size
 from hypernodes_dist.execution.job import MapJob, Sink
 
 from .datasets import part_rows, run_dataset_native
@@ -102,13 +102,15 @@ class DaftEngine(Engine):
     # ------------------------------------------------------------------ map
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         self._ensure_runner()
-        size = self._size(job.n)
+        size = self._size(job.n, job.plan.flows)
         names = tuple(job.columns)
         token = uuid.uuid4().hex
         local = self.runner == "native"
         fn = make_udf(job.plan, names, job.broadcast, job.settings, token, local)
+        flows = local and job.plan.flows  # async UDF: batches in flight at once (udf.py)
         udf = daft.func.batch(
-            return_dtype=DataType.binary(), batch_size=size, use_process=False if local else None
+            return_dtype=DataType.binary(), batch_size=size, use_process=False if local else None,
+            max_concurrency=flow_tasks(os.cpu_count() or 1) if flows else None,
         )(fn)
         frame = item_frame(job.columns, job.n)
         if not local:  # Ray: one partition per batch, at most a few per CPU of the cluster
@@ -144,10 +146,10 @@ class DaftEngine(Engine):
     def dataset_part_rows(self, n: int | None) -> int:
         return part_rows(n, self.batch_size)
 
-    def _size(self, n: int) -> int:
+    def _size(self, n: int, flows: bool = False) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        return partition_size(n, os.cpu_count() or 1, tasks_per_worker=2)
+        return partition_size(n, os.cpu_count() or 1, tasks_per_worker=2, flows=flows)
 
     def _ensure_runner(self) -> None:
         from daft.runners import get_or_infer_runner_type

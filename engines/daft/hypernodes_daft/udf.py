@@ -30,6 +30,7 @@ from daft import Series
 
 from hypernodes_dist.errors import portable
 from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.batch import run_batch as run_batch_async
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.plan import Plan
 
@@ -59,24 +60,46 @@ def make_udf(
 ) -> Callable[..., list[BatchResult] | Failure]:
     """The function a Daft batch UDF wraps (plan, broadcast and settings in its closure)."""
 
-    def run_batch(rows: Series, *columns: Series) -> pa.Array:
-        n = len(rows)
+    def start(rows: Series, columns: tuple[Series, ...]) -> tuple[int, list[Chunk]] | None:
         if local and token in _CANCELLED:  # another batch already failed: stop early
-            return pa.nulls(n, pa.large_binary())
+            return None
         ids = rows.to_pylist()
         values = [c.to_pylist() for c in columns]
-        outcome: list[BatchResult] | Failure = []
+        return len(ids), [Chunk(ids[a], b - a, {k: v[a:b] for k, v in zip(names, values)},
+                                broadcast) for a, b in _runs(ids)]
+
+    def cells(n: int, outcome: list[BatchResult] | Failure) -> pa.Array:
+        out: list[bytes | None] = [None] * n
+        out[0] = _send(outcome, token, local)
+        return pa.array(out, pa.large_binary())
+
+    def run_batch(rows: Series, *columns: Series) -> pa.Array:
+        todo = start(rows, columns)
+        if todo is None:
+            return pa.nulls(len(rows), pa.large_binary())
+        n, chunks = todo
         try:
-            for a, b in _runs(ids):
-                chunk = Chunk(ids[a], b - a, {k: v[a:b] for k, v in zip(names, values)}, broadcast)
-                outcome.append(execute_batch(plan, chunk, settings))  # type: ignore[union-attr]
+            outcome: list[BatchResult] | Failure = [
+                execute_batch(plan, chunk, settings) for chunk in chunks]
         except Exception as exc:  # on_error="raise": the first failure, annotated by the core
             outcome = Failure(exc if local else portable(exc))
-        cells: list[bytes | None] = [None] * n
-        cells[0] = _send(outcome, token, local)
-        return pa.array(cells, pa.large_binary())
+        return cells(n, outcome)
 
-    return run_batch
+    async def flow_batch(rows: Series, *columns: Series) -> pa.Array:
+        """Plans whose items flow, on the native runner: batches are coroutines of Daft's
+        loop, several at once, so one ending with its slowest item holds back none."""
+        todo = start(rows, columns)
+        if todo is None:
+            return pa.nulls(len(rows), pa.large_binary())
+        n, chunks = todo
+        try:
+            outcome: list[BatchResult] | Failure = [
+                await run_batch_async(plan, chunk, settings) for chunk in chunks]
+        except Exception as exc:
+            outcome = Failure(exc)
+        return cells(n, outcome)
+
+    return flow_batch if local and plan.flows else run_batch
 
 
 def _runs(ids: list[int]) -> list[tuple[int, int]]:

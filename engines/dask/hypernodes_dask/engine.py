@@ -18,7 +18,8 @@ Partition size, when not given: ``ceil(n / (workers * tasks_per_worker))`` clamp
 ``[1, max_partition_size]``. About ``tasks_per_worker`` (4) tasks per worker balance uneven
 items and keep a progress bar moving, while the per-task cost (~0.1 ms on threads, ~1-2 ms on
 processes and ``distributed``) stays amortized over many items; the cap bounds the memory of
-one task and the work redone when a worker dies.
+one task and the work redone when a worker dies. Plans whose items flow (async calls,
+waiting policies) get one task per worker (``engines/kit.py`` says why).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, ClassVar
 from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import partition_size
+from hypernodes_dist.engines.kit import flow_tasks, partition_size
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.execution.job import MapJob, Sink
 
@@ -134,10 +135,20 @@ class DaskEngine(Engine):
             return 1
         return self.num_workers or _cpu_count()
 
-    def partition_size_for(self, n: int) -> int:
+    def partition_size_for(self, n: int, flows: bool = False) -> int:
+        """Items per task (``flows``: a plan whose items flow, see ``kit.partition_size``)."""
         if self.partition_size is not None:
             return self.partition_size
-        return partition_size(n, self.workers(), self.tasks_per_worker, self.max_partition_size)
+        return partition_size(n, self.workers(), self.tasks_per_worker, self.max_partition_size,
+                              flows)
+
+    def _threads(self, job: MapJob) -> int | None:
+        """Threads of the ``"threads"`` scheduler: for a plan whose items flow, several
+        partitions per CPU at once (``kit.flow_tasks``): they mostly wait, and one ending
+        with its slowest item does not leave the limits idle."""
+        if not job.plan.flows:
+            return self.num_workers
+        return max(self.num_workers or 1, flow_tasks(self.num_workers or _cpu_count()))
 
     def close(self) -> None:
         if self._cluster is not None:
@@ -194,7 +205,7 @@ class DaskEngine(Engine):
 
         data, digest = pickle_payload(job, "Dask workers")  # fails before any submission
         client = self.client
-        size = self.partition_size_for(job.n)
+        size = self.partition_size_for(job.n, job.plan.flows)
         [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
         dsk, keys = build_graph(job, size, shared_key=shared.key, pack=True)
         spans = dict(zip(keys, job.bounds(size)))
@@ -239,7 +250,7 @@ class DaskEngine(Engine):
         import dask.threaded
         from dask.callbacks import Callback
 
-        size = self.partition_size_for(job.n)
+        size = self.partition_size_for(job.n, job.plan.flows)
         path = None
         shared: Payload | Shipment
         if self._processes is not None:
@@ -269,7 +280,7 @@ class DaskEngine(Engine):
                     chunksize=1, callbacks=callbacks,
                 )
             elif self.scheduler == "threads":
-                dask.threaded.get(dsk, keys, num_workers=self.num_workers, callbacks=callbacks)
+                dask.threaded.get(dsk, keys, num_workers=self._threads(job), callbacks=callbacks)
             else:
                 dask.local.get_sync(dsk, keys, callbacks=callbacks)
         except BrokenProcessPool as exc:  # a worker process died with partitions in flight
