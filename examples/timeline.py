@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from hypernodes_dist import Graph, GraphEngine, node
-from hypernodes_dist.trace import TraceCollector, summary, timeline
-from hypernodes_dist.trace_views import format_summary
+from hypernodes_dist.trace import TraceCollector, format_summary, summary, timeline
 
 
 @node(output_name="page")

@@ -108,7 +108,7 @@ def test_an_older_trace_is_unchanged_by_folding_later_batches():
     first, second = blocks.batches
     older = reduce_events(empty(), [first])
     newer = reduce_events(older, [second])
-    assert older == reduce_events(empty(), [first])  # rebuilt from the undo journal
+    assert older == reduce_events(empty(), [first])  # folded anew from its prefix of the log
     assert len(newer) > len(older)
     assert newer == reduce_events(empty(), list(expanded([first, second])))
 
@@ -153,7 +153,7 @@ def test_a_plain_map_is_summarised_without_building_its_records(tmp_path):
     stats = summary(trace)
     assert stats["inc"].cached + stats["inc"].ran == 4 and stats["inc"].cached >= 1
     assert len(timeline(trace).spans) == 12
-    assert not trace._data(fold=False).nodes  # still columns
+    assert not trace._fold().nodes  # still columns
     assert len(trace) > 12  # records on demand
 
 

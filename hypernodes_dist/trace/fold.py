@@ -1,0 +1,481 @@
+"""The fold: events, in order, into a trace's records, edges and deferred map batches."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, replace
+from itertools import starmap
+from operator import attrgetter, is_
+from typing import Any
+
+from hypernodes_dist.events import (
+    BatchEvent,
+    Event,
+    GateDecisionEvent,
+    InterruptEvent,
+    NodeColumns,
+    NodeEndEvent,
+    NodeErrorEvent,
+    NodeSkippedEvent,
+    NodeStartEvent,
+    PolicyEvent,
+    ResumeEvent,
+    RunEndEvent,
+    RunStartEvent,
+    StreamingChunkEvent,
+    StreamingEndEvent,
+    StreamingStartEvent,
+)
+
+from .records import Chunks, TraceNode, values
+
+__all__ = ["Fold", "kept", "handler"]
+
+_OPEN = frozenset({"pending", "running", "interrupted"})
+
+
+class Fold:
+    """The records, edges and deferred map batches of the first ``n`` events of a log.
+
+    Records are kept as tuples of their ``TraceNode`` fields (the collector ignores tuples of
+    plain values: 10^5 objects would cost a full collection); an event works on
+    ``TraceNode`` s (``get``, ``edit``, ``put``) stored back by ``commit``. Mutable until
+    ``pinned``: a fold that handed its records out never changes again, the next version
+    folds on a ``copy``.
+    """
+
+    __slots__ = ("nodes", "edges", "latest", "batches", "n", "work", "streams", "pinned")
+
+    def __init__(self, nodes: dict[str, tuple[Any, ...]], edges: list[tuple[str, str, str]],
+                 latest: dict[Any, str], n: int, batches: Sequence[BatchEvent] = ()) -> None:
+        self.nodes, self.edges, self.n = nodes, edges, n
+        self.latest = latest  # run -> its latest execution id; (run, node) -> that node's latest
+        self.batches = list(batches)  # plain map batches not folded into records yet
+        self.work: dict[str, TraceNode] = {}  # records the current event changes
+        self.streams: set[str] = set()  # executions whose chunk list is this fold's own
+        self.pinned = False
+
+    def copy(self) -> Fold:
+        return Fold(dict(self.nodes), list(self.edges), dict(self.latest), self.n, self.batches)
+
+    def apply(self, entries: Sequence[Any]) -> None:
+        """Fold log entries (``kept`` events)."""
+        for entry in entries:
+            if type(entry) is BatchEvent and _columnar(entry):
+                self.batches.append(entry)  # stays columns until the records are read
+                continue
+            if self.batches:
+                self.fold_batches()
+            if type(entry) is BatchEvent:
+                _on_batch(self, entry)
+            else:
+                make, fold = _REPLAY[entry[0]]
+                fold(self, make(entry[1]))
+            self.commit()
+        self.n += len(entries)
+
+    def fold_batches(self) -> None:
+        batches, self.batches = self.batches, []
+        for event in batches:
+            _on_batch(self, event)
+            self.commit()
+
+    def columns(self) -> tuple[list[TraceNode], list[BatchEvent]]:
+        """Records and deferred batches that together are every vertex (batches that
+        overlap each other or a record are folded first)."""
+        if self.batches and not _disjoint(self.batches, self.nodes):
+            self.fold_batches()
+        return list(starmap(TraceNode, self.nodes.values())), list(self.batches)
+
+    def get(self, tid: str) -> TraceNode:
+        rec = self.work.get(tid)
+        return TraceNode(*self.nodes[tid]) if rec is None else rec
+
+    def edit(self, tid: str) -> TraceNode:
+        rec = self.work.get(tid)
+        if rec is None:
+            rec = self.work[tid] = TraceNode(*self.nodes[tid])
+        return rec
+
+    def put(self, rec: TraceNode) -> None:
+        self.nodes[rec.id] = ()  # its place in creation order
+        self.work[rec.id] = rec
+
+    def commit(self) -> None:
+        work = self.work
+        self.nodes.update(zip(work, map(values, work.values())))
+        work.clear()
+
+
+# -- what the log keeps ---------------------------------------------------------------------
+
+_VALUES = ("inputs", "outputs", "final_value", "value", "response_value", "state", "operations")
+_SHAPES: dict[type, tuple[int, Callable[[Any], tuple[Any, ...]], bool]] = {}
+_REPLAY: list[tuple[Callable[[Any], Any], Any]] = []  # code -> (event-like from fields, handler)
+
+
+def kept(event: Event) -> Any:
+    """``event`` as the log keeps it: a tuple (code, fields) without the values the trace
+    never reads (node inputs, outputs...) and with errors as text, so a trace keeps nothing
+    of a run alive (and tuples of plain values cost the garbage collector nothing)."""
+    cls = type(event)
+    if cls is BatchEvent:
+        return _kept_batch(event)  # type: ignore[arg-type]
+    code, get, has_error = _SHAPES.get(cls) or _shape(cls)
+    values = get(event)
+    return code, (*values[:-1], _err(values[-1])) if has_error else values
+
+
+def _shape(cls: type) -> tuple[int, Callable[[Any], tuple[Any, ...]], bool]:
+    names = [f.name for f in fields(cls) if f.name not in _VALUES and f.name != "error"]
+    has_error = "error" in {f.name for f in fields(cls)}
+    names += ["error"] if has_error else []
+    _REPLAY.append((namedtuple(cls.__name__, names)._make, handler(cls)))  # type: ignore[misc]
+    shape = _SHAPES[cls] = (len(_REPLAY) - 1, attrgetter(*names), has_error)
+    return shape
+
+
+def _replay(st: Fold, entry: tuple[int, tuple[Any, ...]]) -> None:
+    make, fold = _REPLAY[entry[0]]
+    fold(st, make(entry[1]))
+
+
+def _kept_batch(ev: BatchEvent) -> BatchEvent:
+    parts = [_kept_part(p) for p in ev.parts]
+    if all(map(is_, parts, ev.parts)) and all(type(e) is str for e in ev.errors.values()):
+        return ev  # nothing to drop (already dropped by the collector)
+    return replace(ev, parts=[p for p in parts if p is not None],
+                   errors={i: _err(e) for i, e in ev.errors.items()})
+
+
+def _kept_part(part: Any) -> Any:
+    if type(part) is NodeColumns:
+        return replace(part, outputs={}) if part.outputs else part
+    if type(part) is tuple:
+        return part  # kept already
+    return kept(part) if part.run_id and handler(type(part)) is not None else None
+
+
+def _err(err: Any) -> str | None:
+    if err is None or isinstance(err, str):
+        return err
+    try:
+        return f"{type(err).__name__}: {err}"
+    except Exception:  # a broken __str__ never breaks tracing
+        return type(err).__name__
+
+
+# -- runs and executions --------------------------------------------------------------------
+
+
+def _run(st: Fold, run_id: str, session: str, item: int | None, parent: str | None,
+         status: str = "pending", started: float | None = None) -> TraceNode:
+    """Run ``run_id``'s record, created (with its map or nesting edge) on first sight."""
+    if run_id in st.nodes:
+        return st.get(run_id)
+    rec = TraceNode(run_id, "run", run_id, status=status, session_id=session, item_index=item,
+                    parent_run_id=parent, started_at=started)
+    if parent:
+        if parent not in st.nodes:
+            st.put(TraceNode(parent, "run", parent, session_id=session))
+        st.put(rec)
+        st.edges.append((_nesting_execution(st, parent, run_id) or parent, run_id, "nested"))
+    elif item is not None:
+        mid = _map_id(run_id, item, session)
+        if mid not in st.nodes:
+            st.put(TraceNode(mid, "map", session_id=session, status="running"))
+        st.put(rec)
+        st.edges.append((mid, run_id, "map"))
+    else:
+        st.put(rec)
+    return rec
+
+
+def _map_id(run_id: str, item: int, session: str) -> str:
+    """Items of one map share a run-id prefix (``{prefix}{item_index}``) and a session."""
+    suffix = str(item)
+    if run_id.endswith(suffix) and len(run_id) > len(suffix):
+        return "map:" + run_id[: -len(suffix)].rstrip("-:_")
+    return "map:" + session
+
+
+def _nesting_execution(st: Fold, parent: str, run_id: str) -> str | None:
+    """The parent execution an inner run belongs to (inner run ids read
+    ``{parent_run_id}/{node}-{call}.{index}``): the node's latest execution in the parent
+    run, a pending placeholder when its own events have not arrived yet (columnar executors
+    emit them after the call), so the edge does not depend on arrival order."""
+    if not run_id.startswith(parent + "/"):
+        return None
+    name = run_id[len(parent) + 1:].rpartition("-")[0]
+    if not name:
+        return None
+    cur = st.latest.get((parent, name)) or f"{parent}:{name}:0"
+    if cur not in st.nodes:
+        p = st.get(parent)
+        _add(st, TraceNode(cur, "node", parent, name, session_id=p.session_id,
+                           item_index=p.item_index, parent_run_id=p.parent_run_id))
+    return cur
+
+
+def _add(st: Fold, rec: TraceNode) -> None:
+    """Add a new execution record with its sequential edge."""
+    run_id, tid = rec.run_id, rec.id
+    if run_id not in st.nodes:
+        _run(st, run_id, rec.session_id, rec.item_index, rec.parent_run_id)
+    st.put(rec)
+    st.edges.append((st.latest.get(run_id, run_id), tid, "seq"))
+    st.latest[run_id] = tid
+    if rec.iteration:  # (run, node) -> its latest execution; absent: iteration 0 at most
+        st.latest[(run_id, rec.node_id)] = tid
+
+
+def _execution(st: Fold, ev: Event, iteration: int | None) -> str:
+    """The id of the execution ``ev`` is about; created (with its edges) on first sight.
+    Events without an iteration (streaming, decisions, interrupts, skips) belong to the
+    node's open execution in that run, or to the next one."""
+    run_id, name = ev.run_id, ev.node_id
+    if iteration is None:
+        cur = st.latest.get((run_id, name)) or f"{run_id}:{name}:0"
+        rec = st.get(cur) if cur in st.nodes else None
+        if rec is not None and rec.status in _OPEN:
+            return rec.id
+        iteration = 0 if rec is None else rec.iteration + 1
+    tid = f"{run_id}:{name}:{iteration}"
+    if tid not in st.nodes:
+        _add(st, TraceNode(tid, "node", run_id, name, iteration, session_id=ev.session_id,
+                           item_index=ev.item_index, parent_run_id=ev.parent_run_id,
+                           step_index=ev.step_index, tags=ev.tags))
+    return tid
+
+
+# -- handlers (each folds one event into ``st``) --------------------------------------------
+
+
+def _on_node_start(st: Fold, ev: NodeStartEvent) -> None:
+    tid = f"{ev.run_id}:{ev.node_id}:{ev.iteration}"
+    if tid not in st.nodes:  # the usual case: create it running, in one step
+        _add(st, TraceNode(tid, "node", ev.run_id, ev.node_id, ev.iteration, "running",
+                           ev.session_id, ev.item_index, ev.parent_run_id, ev.node_type,
+                           ev.step_index, ev.timestamp, attempts=1, tags=ev.tags))
+        return
+    rec = st.edit(tid)
+    # a re-start counts as an attempt; a placeholder (pending) is this very attempt
+    rec.attempts = rec.attempts + 1 if rec.status != "pending" else max(rec.attempts, 1)
+    rec.status, rec.node_type, rec.step_index = "running", ev.node_type, ev.step_index
+    rec.started_at = ev.timestamp
+
+
+def _ended(st: Fold, ev: NodeEndEvent | NodeErrorEvent, status: str) -> TraceNode:
+    """The execution ``ev`` ends, with its status, start, duration and worker set."""
+    rec = st.edit(_execution(st, ev, ev.iteration))
+    started = ev.started_at or rec.started_at
+    rec.started_at = ev.timestamp - ev.duration_ms / 1000.0 if started is None else started
+    rec.status, rec.duration_ms, rec.worker = status, ev.duration_ms, ev.worker or rec.worker
+    return rec
+
+
+def _on_node_end(st: Fold, ev: NodeEndEvent) -> None:
+    rec = _ended(st, ev, "complete")
+    rec.cached, rec.attempts = ev.cached, rec.attempts or 1
+
+
+def _on_node_error(st: Fold, ev: NodeErrorEvent) -> None:
+    rec = _ended(st, ev, "error")
+    rec.error, rec.attempts = _err(ev.error), max(rec.attempts, ev.attempts, 1)
+
+
+def _on_skipped(st: Fold, ev: NodeSkippedEvent) -> None:
+    tid = _execution(st, ev, None)
+    if st.get(tid).status == "pending":
+        rec = st.edit(tid)
+        rec.status, rec.error = "skipped", ev.reason or None
+
+
+def _on_decision(st: Fold, ev: GateDecisionEvent) -> None:
+    st.edit(_execution(st, ev, None)).decision = ev.decision
+
+
+def _on_stream_start(st: Fold, ev: StreamingStartEvent) -> None:
+    rec = st.edit(_execution(st, ev, None))
+    rec.status = "running" if rec.status == "pending" else rec.status
+    rec.started_at = rec.started_at or ev.timestamp
+    _chunks(st, rec)
+
+
+def _on_chunk(st: Fold, ev: StreamingChunkEvent) -> None:
+    _chunks(st, st.edit(_execution(st, ev, None))).append(ev.chunk)
+
+
+def _chunks(st: Fold, rec: TraceNode) -> Chunks:
+    """``rec``'s chunk list, this fold's own (an older fold may share the one it had)."""
+    if rec.id not in st.streams:
+        rec.chunks = Chunks(rec.chunks or ())
+        st.streams.add(rec.id)
+    return rec.chunks  # type: ignore[return-value]
+
+
+def _on_stream_end(st: Fold, ev: StreamingEndEvent) -> None:
+    _execution(st, ev, None)
+
+
+def _on_interrupt(st: Fold, ev: InterruptEvent) -> None:
+    rec = st.edit(_execution(st, ev, None))
+    rec.status, rec.node_type = "interrupted", "interrupt"
+    rec.started_at = rec.started_at or ev.timestamp
+
+
+def _on_resume(st: Fold, ev: ResumeEvent) -> None:
+    rec = st.edit(_execution(st, ev, None))
+    rec.status, rec.node_type = "running", "interrupt"
+
+
+def _on_policy(st: Fold, ev: PolicyEvent) -> None:
+    if ev.kind == "retry" and ev.node_id:  # attempt ``ev.attempt`` failed; another follows
+        tid = _execution(st, ev, None)
+        if st.get(tid).attempts < ev.attempt + 1:
+            st.edit(tid).attempts = ev.attempt + 1
+
+
+def _on_run_start(st: Fold, ev: RunStartEvent) -> None:
+    rec = _run(st, ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id, "running",
+               ev.timestamp)
+    if rec.status == "pending":
+        rec = st.edit(rec.id)
+        rec.status, rec.started_at = "running", ev.timestamp
+
+
+def _on_run_end(st: Fold, ev: RunEndEvent) -> None:
+    rec = _run(st, ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id)
+    was_open = rec.status in _OPEN
+    _end_run(st.edit(rec.id), ev.status, ev.error, ev.duration_ms, ev.timestamp)
+    if ev.item_index is not None and not ev.parent_run_id and was_open:
+        _count_items(st, _map_id(ev.run_id, ev.item_index, ev.session_id), 1,
+                     ev.status == "error")
+
+
+def _end_run(rec: TraceNode, status: str, error: Any, duration: float, end: float) -> None:
+    started = rec.started_at
+    rec.status, rec.error = status, _err(error)
+    rec.duration_ms = duration or (None if started is None else (end - started) * 1e3)
+
+
+def _count_items(st: Fold, mid: str, ended: int, failed: int) -> None:
+    m = st.edit(mid)
+    m.items, m.failed = m.items + ended, m.failed + failed
+    m.status = "error" if m.failed else "complete"
+
+
+# -- map batches ----------------------------------------------------------------------------
+
+
+def _on_batch(st: Fold, ev: BatchEvent) -> None:
+    """A map batch in columns: the same trace as its ``expand()``, without the events."""
+    runs = [f"{ev.run_id}{ev.offset + i}" for i in range(ev.n)]
+    _start_runs(st, ev, runs)
+    for part in ev.parts:
+        if isinstance(part, NodeColumns):
+            _fold_columns(st, ev, part, runs)
+        else:  # a kept event
+            _replay(st, part)
+    if ev.n:
+        _end_runs(st, ev, runs)
+
+
+def _start_runs(st: Fold, ev: BatchEvent, runs: list[str]) -> None:
+    session, parent, offset, started = ev.session_id, ev.parent_run_id, ev.offset, ev.started_at
+    nodes, edges, mid = st.nodes, st.edges, ""
+    for i, run_id in enumerate(runs):
+        if parent or run_id in nodes:  # nested runs, or a run seen before: the general case
+            rec = _run(st, run_id, session, offset + i, parent, "running", started)
+            if rec.status == "pending":
+                rec = st.edit(run_id)
+                rec.status, rec.started_at = "running", started
+            continue
+        if not mid:
+            mid = _map_id(run_id, offset + i, session)
+            if mid not in nodes:
+                st.put(TraceNode(mid, "map", session_id=session, status="running"))
+        st.put(TraceNode(run_id, "run", run_id, "", 0, "running", session, offset + i, None,
+                         "", -1, started))
+        edges.append((mid, run_id, "map"))
+
+
+def _fold_columns(st: Fold, ev: BatchEvent, part: NodeColumns, runs: list[str]) -> None:
+    """One record per execution, created complete (a start and an end event in one step);
+    an execution that already has a record (a nested run's placeholder) takes the events."""
+    nodes, edges, latest = st.nodes, st.edges, st.latest
+    session, parent, offset, worker = ev.session_id, ev.parent_run_id, ev.offset, ev.worker
+    name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
+    node_type = "" if cached else part.node_type  # a hit has no start event
+    times = ev.times(part)
+    for k, (i, started, duration) in enumerate(zip(part.items, times[0], times[2])):
+        run_id = runs[i]  # every run of the batch has its record (``_start_runs``)
+        tid = f"{run_id}:{name}:0"
+        if tid in nodes:
+            for event in ev.executions(part, (k,), times):
+                handler(type(event))(st, event)
+            continue
+        nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
+                      node_type, step, started, duration, cached, worker, 1, None, None, None,
+                      tags, 0, 0)  # values(TraceNode(...)), built directly: the hot path
+        edges.append((latest.get(run_id, run_id), tid, "seq"))
+        latest[run_id] = tid
+
+
+def _end_runs(st: Fold, ev: BatchEvent, runs: list[str]) -> None:
+    errors, end, duration = ev.errors, ev.ended_at, (ev.ended_at - ev.started_at) * 1e3
+    ended = failed = 0
+    for i, run_id in enumerate(runs):
+        error = errors.get(i) if errors else None
+        if st.get(run_id).status in _OPEN:
+            ended, failed = ended + 1, failed + (error is not None)
+        _end_run(st.edit(run_id), "error" if error else "complete", error, duration, end)
+    if ended and not ev.parent_run_id:
+        _count_items(st, _map_id(runs[0], ev.offset, ev.session_id), ended, failed)
+
+
+def _columnar(ev: BatchEvent) -> bool:
+    """Can ``ev`` be read as columns: a top-level batch of node executions only, each
+    (node, item) once."""
+    if ev.parent_run_id or not ev.n or any(type(p) is not NodeColumns for p in ev.parts):
+        return False
+    items: dict[str, list[Any]] = {}
+    for part in ev.parts:
+        items.setdefault(part.node_id, []).append(part.items)  # type: ignore[union-attr]
+    return all(len(c) == 1 or sum(map(len, c)) == len(set().union(*c)) for c in items.values())
+
+
+def _disjoint(batches: list[BatchEvent], nodes: Mapping[str, Any]) -> bool:
+    """No two ``batches`` share a run, and no run of theirs has a record in ``nodes``."""
+    spans = sorted((b.run_id, b.offset, b.offset + b.n) for b in batches)
+    for (prefix, _a, end), (nxt, start, _b) in zip(spans, spans[1:]):
+        if prefix == nxt and start < end:
+            return False
+    return not nodes or not any(f"{b.run_id}{b.offset + i}" in nodes
+                                for b in batches for i in range(b.n))
+
+
+_HANDLERS: dict[type, Callable[[Fold, Any], None] | None] = {
+    NodeStartEvent: _on_node_start,
+    NodeEndEvent: _on_node_end,
+    NodeErrorEvent: _on_node_error,
+    NodeSkippedEvent: _on_skipped,
+    GateDecisionEvent: _on_decision,
+    StreamingStartEvent: _on_stream_start,
+    StreamingChunkEvent: _on_chunk,
+    StreamingEndEvent: _on_stream_end,
+    InterruptEvent: _on_interrupt,
+    ResumeEvent: _on_resume,
+    PolicyEvent: _on_policy,
+    RunStartEvent: _on_run_start,
+    RunEndEvent: _on_run_end,
+    BatchEvent: _on_batch,
+}
+
+
+def handler(cls: type) -> Callable[[Fold, Any], None] | None:
+    """How an event of type ``cls`` is folded (None: it does not change the trace)."""
+    if cls not in _HANDLERS:
+        _HANDLERS[cls] = next((_HANDLERS[c] for c in cls.__mro__ if c in _HANDLERS), None)
+    return _HANDLERS[cls]

@@ -1,0 +1,183 @@
+"""The trace value: a prefix of an append-only event log, read through a memoised fold.
+
+A ``Trace`` is ``(log, n)``: the first ``n`` events of its log. ``reduce_events`` appends
+to the log when the trace is its newest version (O(1)), and otherwise starts a new log
+with a copy of the prefix, so a trace never changes: reading one folds exactly its
+events. Each log keeps one fold (its memo) that the newest version read moves forward
+event by event; an older version read after the memo went past it folds its own once.
+The log keeps events without the values the trace never reads (``fold.kept``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import starmap
+from typing import Any
+
+from hypernodes_dist.events import BatchEvent, Event
+
+from .fold import Fold, handler, kept
+from .records import Edge, TraceNode
+
+__all__ = ["Trace", "empty", "reduce_event", "reduce_events"]
+
+
+class _Log:
+    __slots__ = ("base", "events", "memo", "lock")
+
+    def __init__(self, base: Fold, events: list[Event]) -> None:
+        self.base = base  # the fold of what came before ``events`` (never changed)
+        self.events = events
+        self.memo: Fold | None = None  # the fold of a prefix, moved forward by reads
+        self.lock = threading.RLock()
+
+
+class Trace:
+    """An immutable execution trace (see ``hypernodes_dist.trace``); build it with
+    ``reduce_event``. Equal traces have equal records and edges."""
+
+    __slots__ = ("_log", "_n", "_own")
+
+    def __init__(self, log: _Log, n: int) -> None:
+        self._log, self._n = log, n
+        self._own: Fold | None = None  # this version's fold, once the memo left it
+
+    @property
+    def version(self) -> int:
+        """How many events changed this trace."""
+        return self._n
+
+    @property
+    def nodes(self) -> Mapping[str, TraceNode]:
+        """Vertices by id, in creation order (read-only)."""
+        return _Nodes(self._fold(pin=True).nodes)
+
+    @property
+    def edges(self) -> tuple[Edge, ...]:
+        """Edges in creation order."""
+        return tuple(map(Edge._make, self._fold(pin=True).edges))
+
+    def children(self, node_id: str) -> list[str]:
+        return [e[1] for e in self.edges if e[0] == node_id]
+
+    def of_kind(self, kind: str) -> list[TraceNode]:
+        """Vertices of one kind ("node", "run", "map"), in creation order."""
+        return [r for r in self.nodes.values() if r.kind == kind]
+
+    def runs(self) -> list[TraceNode]:
+        return self.of_kind("run")
+
+    def executions(self, run_id: str | None = None) -> list[TraceNode]:
+        found = self.of_kind("node")
+        return found if run_id is None else [n for n in found if n.run_id == run_id]
+
+    def columns(self) -> tuple[list[TraceNode], list[BatchEvent]]:
+        """(records, map batches) that together are every vertex: projections read the
+        batches as columns instead of building their records."""
+        with self._log.lock:
+            return self._fold().columns()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return self._content()[:2] == other._content()[:2]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return len(self._fold(records=True).nodes)
+
+    def __repr__(self) -> str:
+        fold = self._fold()  # a repr never builds records
+        deferred = f", map batches not folded yet={len(fold.batches)}" if fold.batches else ""
+        return (f"Trace(version={self._n}, nodes={len(fold.nodes)}, edges={len(fold.edges)}"
+                f"{deferred})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _restore, (*self._content(), self._n)
+
+    def __copy__(self) -> Trace:
+        return self  # immutable
+
+    def __deepcopy__(self, memo: Any) -> Trace:
+        return self
+
+    def _content(self) -> tuple[list[tuple[str, str, str]], dict[str, Any], dict[Any, str]]:
+        """(edges, records, latest executions): what equality and pickles see."""
+        with self._log.lock:
+            fold = self._fold(records=True)
+            return fold.edges[:], dict(fold.nodes), dict(fold.latest)
+
+    def _extended(self, events: list[Event]) -> Trace:
+        log, n = self._log, self._n
+        with log.lock:
+            if n == log.base.n + len(log.events):  # the newest version: append in place
+                log.events.extend(events)
+                return Trace(log, n + len(events))
+            prefix = log.events[: n - log.base.n]
+        return Trace(_Log(log.base, prefix + events), n + len(events))  # a new lineage
+
+    def _fold(self, records: bool = False, pin: bool = False) -> Fold:
+        """This version's fold: the log's memo moved forward to it, or its own. ``records``:
+        with its map batches folded; ``pin``: its records are handed out, so it never changes
+        again (the next version folds on a copy)."""
+        log, n = self._log, self._n
+        with log.lock:
+            fold = self._own
+            if fold is None:
+                fold = log.memo
+                if fold is None:
+                    fold = log.memo = log.base.copy()
+                elif fold.n > n:  # the memo went past this version: it folds its own, once
+                    fold = self._own = log.base.copy()
+                elif fold.pinned and fold.n < n:  # pinned by an older version
+                    fold = log.memo = fold.copy()
+                fold.apply(log.events[fold.n - log.base.n: n - log.base.n])
+            if records or pin:
+                fold.fold_batches()
+            if pin:
+                fold.pinned, self._own = True, fold
+            return fold
+
+
+class _Nodes(Mapping[str, TraceNode]):
+    """A pinned fold's records, as ``TraceNode`` s."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: dict[str, tuple[Any, ...]]) -> None:
+        self._records = records
+
+    def __getitem__(self, key: str) -> TraceNode:
+        return TraceNode(*self._records[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def values(self) -> list[TraceNode]:  # type: ignore[override]
+        return list(starmap(TraceNode, self._records.values()))
+
+
+def _restore(edges: list[tuple[str, str, str]], nodes: dict[str, tuple[Any, ...]],
+             latest: dict[Any, str], version: int) -> Trace:
+    return Trace(_Log(Fold(dict(nodes), list(edges), dict(latest), version), []), version)
+
+
+def empty() -> Trace:
+    """A trace with no events."""
+    return _restore([], {}, {}, 0)
+
+
+def reduce_event(trace: Trace, event: Event) -> Trace:
+    """The trace with ``event`` applied; ``trace`` itself is never changed."""
+    return reduce_events(trace, (event,))
+
+
+def reduce_events(trace: Trace, events: Iterable[Event]) -> Trace:
+    """``reduce_event`` over ``events`` in order, in one step (same result, less overhead)."""
+    new = [kept(e) for e in events if e.run_id and handler(type(e)) is not None]
+    return trace._extended(new) if new else trace  # others (state snapshots...) change nothing
