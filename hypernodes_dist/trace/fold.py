@@ -1,4 +1,4 @@
-"""The fold: events, in order, into a trace's records, edges and deferred map batches."""
+"""The fold: logged events, in order, into a trace's records, edges and deferred batches."""
 
 from __future__ import annotations
 
@@ -9,24 +9,7 @@ from itertools import starmap
 from operator import attrgetter, is_
 from typing import Any
 
-from hypernodes_dist.events import (
-    BatchEvent,
-    Event,
-    GateDecisionEvent,
-    InterruptEvent,
-    NodeColumns,
-    NodeEndEvent,
-    NodeErrorEvent,
-    NodeSkippedEvent,
-    NodeStartEvent,
-    PolicyEvent,
-    ResumeEvent,
-    RunEndEvent,
-    RunStartEvent,
-    StreamingChunkEvent,
-    StreamingEndEvent,
-    StreamingStartEvent,
-)
+from hypernodes_dist import events as E
 
 from .records import Chunks, TraceNode, values
 
@@ -38,17 +21,16 @@ _OPEN = frozenset({"pending", "running", "interrupted"})
 class Fold:
     """The records, edges and deferred map batches of the first ``n`` events of a log.
 
-    Records are kept as tuples of their ``TraceNode`` fields (the collector ignores tuples of
-    plain values: 10^5 objects would cost a full collection); an event works on
-    ``TraceNode`` s (``get``, ``edit``, ``put``) stored back by ``commit``. Mutable until
-    ``pinned``: a fold that handed its records out never changes again, the next version
-    folds on a ``copy``.
+    Records are stored as tuples of their fields (the garbage collector skips tuples of
+    plain values: 10^5 objects would cost it a full pass); an event works on ``TraceNode``
+    s (``edit``, ``put``) that ``commit`` stores back. A fold changes until ``pinned``
+    (its records handed out); the next version then folds on a ``copy``.
     """
 
     __slots__ = ("nodes", "edges", "latest", "batches", "n", "work", "streams", "pinned")
 
     def __init__(self, nodes: dict[str, tuple[Any, ...]], edges: list[tuple[str, str, str]],
-                 latest: dict[Any, str], n: int, batches: Sequence[BatchEvent] = ()) -> None:
+                 latest: dict[Any, str], n: int, batches: Sequence[E.BatchEvent] = ()) -> None:
         self.nodes, self.edges, self.n = nodes, edges, n
         self.latest = latest  # run -> its latest execution id; (run, node) -> that node's latest
         self.batches = list(batches)  # plain map batches not folded into records yet
@@ -62,16 +44,15 @@ class Fold:
     def apply(self, entries: Sequence[Any]) -> None:
         """Fold log entries (``kept`` events)."""
         for entry in entries:
-            if type(entry) is BatchEvent and _columnar(entry):
+            if type(entry) is E.BatchEvent and _columnar(entry):
                 self.batches.append(entry)  # stays columns until the records are read
                 continue
             if self.batches:
                 self.fold_batches()
-            if type(entry) is BatchEvent:
+            if type(entry) is E.BatchEvent:
                 _on_batch(self, entry)
             else:
-                make, fold = _REPLAY[entry[0]]
-                fold(self, make(entry[1]))
+                _replay(self, entry)
             self.commit()
         self.n += len(entries)
 
@@ -81,16 +62,12 @@ class Fold:
             _on_batch(self, event)
             self.commit()
 
-    def columns(self) -> tuple[list[TraceNode], list[BatchEvent]]:
+    def columns(self) -> tuple[list[TraceNode], list[E.BatchEvent]]:
         """Records and deferred batches that together are every vertex (batches that
         overlap each other or a record are folded first)."""
         if self.batches and not _disjoint(self.batches, self.nodes):
             self.fold_batches()
         return list(starmap(TraceNode, self.nodes.values())), list(self.batches)
-
-    def get(self, tid: str) -> TraceNode:
-        rec = self.work.get(tid)
-        return TraceNode(*self.nodes[tid]) if rec is None else rec
 
     def edit(self, tid: str) -> TraceNode:
         rec = self.work.get(tid)
@@ -98,9 +75,10 @@ class Fold:
             rec = self.work[tid] = TraceNode(*self.nodes[tid])
         return rec
 
-    def put(self, rec: TraceNode) -> None:
+    def put(self, rec: TraceNode) -> TraceNode:
         self.nodes[rec.id] = ()  # its place in creation order
         self.work[rec.id] = rec
+        return rec
 
     def commit(self) -> None:
         work = self.work
@@ -108,28 +86,31 @@ class Fold:
         work.clear()
 
 
-# -- what the log keeps ---------------------------------------------------------------------
+# -- what the log keeps -----------------------------------------------------------------------
 
 _VALUES = ("inputs", "outputs", "final_value", "value", "response_value", "state", "operations")
 _SHAPES: dict[type, tuple[int, Callable[[Any], tuple[Any, ...]], bool]] = {}
 _REPLAY: list[tuple[Callable[[Any], Any], Any]] = []  # code -> (event-like from fields, handler)
 
 
-def kept(event: Event) -> Any:
+def kept(event: E.Event) -> Any:
     """``event`` as the log keeps it: a tuple (code, fields) without the values the trace
     never reads (node inputs, outputs...) and with errors as text, so a trace keeps nothing
     of a run alive (and tuples of plain values cost the garbage collector nothing)."""
-    cls = type(event)
-    if cls is BatchEvent:
-        return _kept_batch(event)  # type: ignore[arg-type]
-    code, get, has_error = _SHAPES.get(cls) or _shape(cls)
-    values = get(event)
-    return code, (*values[:-1], _err(values[-1])) if has_error else values
+    if type(event) is E.BatchEvent:
+        parts = [_kept_part(p) for p in event.parts]
+        if all(map(is_, parts, event.parts)) and all(type(e) is str for e in event.errors.values()):
+            return event  # nothing to drop (already dropped by the collector)
+        return replace(event, parts=[p for p in parts if p is not None],
+                       errors={i: _err(e) for i, e in event.errors.items()})
+    code, get, has_error = _SHAPES.get(type(event)) or _shape(type(event))
+    found = get(event)
+    return code, (*found[:-1], _err(found[-1])) if has_error else found
 
 
 def _shape(cls: type) -> tuple[int, Callable[[Any], tuple[Any, ...]], bool]:
     names = [f.name for f in fields(cls) if f.name not in _VALUES and f.name != "error"]
-    has_error = "error" in {f.name for f in fields(cls)}
+    has_error = any(f.name == "error" for f in fields(cls))
     names += ["error"] if has_error else []
     _REPLAY.append((namedtuple(cls.__name__, names)._make, handler(cls)))  # type: ignore[misc]
     shape = _SHAPES[cls] = (len(_REPLAY) - 1, attrgetter(*names), has_error)
@@ -141,16 +122,8 @@ def _replay(st: Fold, entry: tuple[int, tuple[Any, ...]]) -> None:
     fold(st, make(entry[1]))
 
 
-def _kept_batch(ev: BatchEvent) -> BatchEvent:
-    parts = [_kept_part(p) for p in ev.parts]
-    if all(map(is_, parts, ev.parts)) and all(type(e) is str for e in ev.errors.values()):
-        return ev  # nothing to drop (already dropped by the collector)
-    return replace(ev, parts=[p for p in parts if p is not None],
-                   errors={i: _err(e) for i, e in ev.errors.items()})
-
-
 def _kept_part(part: Any) -> Any:
-    if type(part) is NodeColumns:
+    if type(part) is E.NodeColumns:
         return replace(part, outputs={}) if part.outputs else part
     if type(part) is tuple:
         return part  # kept already
@@ -166,29 +139,26 @@ def _err(err: Any) -> str | None:
         return type(err).__name__
 
 
-# -- runs and executions --------------------------------------------------------------------
+# -- runs and executions (each returns the record to edit) ---------------------------------
 
 
 def _run(st: Fold, run_id: str, session: str, item: int | None, parent: str | None,
-         status: str = "pending", started: float | None = None) -> TraceNode:
-    """Run ``run_id``'s record, created (with its map or nesting edge) on first sight."""
+         mid: str = "") -> TraceNode:
+    """Run ``run_id``, created on first sight with its map (``mid``) or nesting edge."""
     if run_id in st.nodes:
-        return st.get(run_id)
-    rec = TraceNode(run_id, "run", run_id, status=status, session_id=session, item_index=item,
-                    parent_run_id=parent, started_at=started)
-    if parent:
-        if parent not in st.nodes:
-            st.put(TraceNode(parent, "run", parent, session_id=session))
-        st.put(rec)
-        st.edges.append((_nesting_execution(st, parent, run_id) or parent, run_id, "nested"))
-    elif item is not None:
-        mid = _map_id(run_id, item, session)
+        return st.edit(run_id)
+    if parent and parent not in st.nodes:
+        st.put(TraceNode(parent, "run", parent, session_id=session))
+    elif not parent and item is not None:
+        mid = mid or _map_id(run_id, item, session)
         if mid not in st.nodes:
             st.put(TraceNode(mid, "map", session_id=session, status="running"))
-        st.put(rec)
+    rec = st.put(TraceNode(run_id, "run", run_id, session_id=session, item_index=item,
+                           parent_run_id=parent))
+    if parent:
+        st.edges.append((_nesting_execution(st, parent, run_id) or parent, run_id, "nested"))
+    elif item is not None:
         st.edges.append((mid, run_id, "map"))
-    else:
-        st.put(rec)
     return rec
 
 
@@ -205,54 +175,52 @@ def _nesting_execution(st: Fold, parent: str, run_id: str) -> str | None:
     ``{parent_run_id}/{node}-{call}.{index}``): the node's latest execution in the parent
     run, a pending placeholder when its own events have not arrived yet (columnar executors
     emit them after the call), so the edge does not depend on arrival order."""
-    if not run_id.startswith(parent + "/"):
-        return None
     name = run_id[len(parent) + 1:].rpartition("-")[0]
-    if not name:
+    if not run_id.startswith(parent + "/") or not name:
         return None
     cur = st.latest.get((parent, name)) or f"{parent}:{name}:0"
     if cur not in st.nodes:
-        p = st.get(parent)
+        p = st.edit(parent)
         _add(st, TraceNode(cur, "node", parent, name, session_id=p.session_id,
                            item_index=p.item_index, parent_run_id=p.parent_run_id))
     return cur
 
 
-def _add(st: Fold, rec: TraceNode) -> None:
+def _add(st: Fold, rec: TraceNode) -> TraceNode:
     """Add a new execution record with its sequential edge."""
     run_id, tid = rec.run_id, rec.id
     if run_id not in st.nodes:
         _run(st, run_id, rec.session_id, rec.item_index, rec.parent_run_id)
-    st.put(rec)
     st.edges.append((st.latest.get(run_id, run_id), tid, "seq"))
     st.latest[run_id] = tid
     if rec.iteration:  # (run, node) -> its latest execution; absent: iteration 0 at most
         st.latest[(run_id, rec.node_id)] = tid
+    return st.put(rec)
 
 
-def _execution(st: Fold, ev: Event, iteration: int | None) -> str:
-    """The id of the execution ``ev`` is about; created (with its edges) on first sight.
-    Events without an iteration (streaming, decisions, interrupts, skips) belong to the
-    node's open execution in that run, or to the next one."""
+def _execution(st: Fold, ev: Any, iteration: int | None) -> TraceNode:
+    """The execution ``ev`` is about, created (with its edges) on first sight. Events
+    without an iteration (streaming, decisions, interrupts, skips) belong to the node's
+    open execution in that run, or to the next one."""
     run_id, name = ev.run_id, ev.node_id
     if iteration is None:
         cur = st.latest.get((run_id, name)) or f"{run_id}:{name}:0"
-        rec = st.get(cur) if cur in st.nodes else None
+        rec = st.edit(cur) if cur in st.nodes else None
         if rec is not None and rec.status in _OPEN:
-            return rec.id
+            return rec
         iteration = 0 if rec is None else rec.iteration + 1
     tid = f"{run_id}:{name}:{iteration}"
-    if tid not in st.nodes:
-        _add(st, TraceNode(tid, "node", run_id, name, iteration, session_id=ev.session_id,
-                           item_index=ev.item_index, parent_run_id=ev.parent_run_id,
-                           step_index=ev.step_index, tags=ev.tags))
-    return tid
+    if tid in st.nodes:
+        return st.edit(tid)
+    return _add(st, TraceNode(tid, "node", run_id, name, iteration, session_id=ev.session_id,
+                              item_index=ev.item_index, parent_run_id=ev.parent_run_id,
+                              step_index=ev.step_index, tags=ev.tags))
 
 
-# -- handlers (each folds one event into ``st``) --------------------------------------------
+# -- handlers: each folds one event (or its kept form) into ``st`` -------------------------
 
 
-def _on_node_start(st: Fold, ev: NodeStartEvent) -> None:
+def _on_node_start(st: Fold, ev: E.NodeStartEvent) -> None:
     tid = f"{ev.run_id}:{ev.node_id}:{ev.iteration}"
     if tid not in st.nodes:  # the usual case: create it running, in one step
         _add(st, TraceNode(tid, "node", ev.run_id, ev.node_id, ev.iteration, "running",
@@ -266,45 +234,44 @@ def _on_node_start(st: Fold, ev: NodeStartEvent) -> None:
     rec.started_at = ev.timestamp
 
 
-def _ended(st: Fold, ev: NodeEndEvent | NodeErrorEvent, status: str) -> TraceNode:
+def _ended(st: Fold, ev: Any, status: str) -> TraceNode:
     """The execution ``ev`` ends, with its status, start, duration and worker set."""
-    rec = st.edit(_execution(st, ev, ev.iteration))
+    rec = _execution(st, ev, ev.iteration)
     started = ev.started_at or rec.started_at
     rec.started_at = ev.timestamp - ev.duration_ms / 1000.0 if started is None else started
     rec.status, rec.duration_ms, rec.worker = status, ev.duration_ms, ev.worker or rec.worker
     return rec
 
 
-def _on_node_end(st: Fold, ev: NodeEndEvent) -> None:
+def _on_node_end(st: Fold, ev: E.NodeEndEvent) -> None:
     rec = _ended(st, ev, "complete")
     rec.cached, rec.attempts = ev.cached, rec.attempts or 1
 
 
-def _on_node_error(st: Fold, ev: NodeErrorEvent) -> None:
+def _on_node_error(st: Fold, ev: E.NodeErrorEvent) -> None:
     rec = _ended(st, ev, "error")
     rec.error, rec.attempts = _err(ev.error), max(rec.attempts, ev.attempts, 1)
 
 
-def _on_skipped(st: Fold, ev: NodeSkippedEvent) -> None:
-    tid = _execution(st, ev, None)
-    if st.get(tid).status == "pending":
-        rec = st.edit(tid)
+def _on_skipped(st: Fold, ev: E.NodeSkippedEvent) -> None:
+    rec = _execution(st, ev, None)
+    if rec.status == "pending":
         rec.status, rec.error = "skipped", ev.reason or None
 
 
-def _on_decision(st: Fold, ev: GateDecisionEvent) -> None:
-    st.edit(_execution(st, ev, None)).decision = ev.decision
+def _on_decision(st: Fold, ev: E.GateDecisionEvent) -> None:
+    _execution(st, ev, None).decision = ev.decision
 
 
-def _on_stream_start(st: Fold, ev: StreamingStartEvent) -> None:
-    rec = st.edit(_execution(st, ev, None))
+def _on_stream_start(st: Fold, ev: E.StreamingStartEvent) -> None:
+    rec = _execution(st, ev, None)
     rec.status = "running" if rec.status == "pending" else rec.status
     rec.started_at = rec.started_at or ev.timestamp
     _chunks(st, rec)
 
 
-def _on_chunk(st: Fold, ev: StreamingChunkEvent) -> None:
-    _chunks(st, st.edit(_execution(st, ev, None))).append(ev.chunk)
+def _on_chunk(st: Fold, ev: E.StreamingChunkEvent) -> None:
+    _chunks(st, _execution(st, ev, None)).append(ev.chunk)
 
 
 def _chunks(st: Fold, rec: TraceNode) -> Chunks:
@@ -315,93 +282,76 @@ def _chunks(st: Fold, rec: TraceNode) -> Chunks:
     return rec.chunks  # type: ignore[return-value]
 
 
-def _on_stream_end(st: Fold, ev: StreamingEndEvent) -> None:
+def _on_stream_end(st: Fold, ev: E.StreamingEndEvent) -> None:
     _execution(st, ev, None)
 
 
-def _on_interrupt(st: Fold, ev: InterruptEvent) -> None:
-    rec = st.edit(_execution(st, ev, None))
+def _on_interrupt(st: Fold, ev: E.InterruptEvent) -> None:
+    rec = _execution(st, ev, None)
     rec.status, rec.node_type = "interrupted", "interrupt"
     rec.started_at = rec.started_at or ev.timestamp
 
 
-def _on_resume(st: Fold, ev: ResumeEvent) -> None:
-    rec = st.edit(_execution(st, ev, None))
+def _on_resume(st: Fold, ev: E.ResumeEvent) -> None:
+    rec = _execution(st, ev, None)
     rec.status, rec.node_type = "running", "interrupt"
 
 
-def _on_policy(st: Fold, ev: PolicyEvent) -> None:
+def _on_policy(st: Fold, ev: E.PolicyEvent) -> None:
     if ev.kind == "retry" and ev.node_id:  # attempt ``ev.attempt`` failed; another follows
-        tid = _execution(st, ev, None)
-        if st.get(tid).attempts < ev.attempt + 1:
-            st.edit(tid).attempts = ev.attempt + 1
+        rec = _execution(st, ev, None)
+        rec.attempts = max(rec.attempts, ev.attempt + 1)
 
 
-def _on_run_start(st: Fold, ev: RunStartEvent) -> None:
-    rec = _run(st, ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id, "running",
-               ev.timestamp)
+def _on_run_start(st: Fold, ev: E.RunStartEvent) -> None:
+    _start_run(_run(st, ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id), ev.timestamp)
+
+
+def _start_run(rec: TraceNode, started: float) -> None:
     if rec.status == "pending":
-        rec = st.edit(rec.id)
-        rec.status, rec.started_at = "running", ev.timestamp
+        rec.status, rec.started_at = "running", started
 
 
-def _on_run_end(st: Fold, ev: RunEndEvent) -> None:
-    rec = _run(st, ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id)
-    was_open = rec.status in _OPEN
-    _end_run(st.edit(rec.id), ev.status, ev.error, ev.duration_ms, ev.timestamp)
-    if ev.item_index is not None and not ev.parent_run_id and was_open:
-        _count_items(st, _map_id(ev.run_id, ev.item_index, ev.session_id), 1,
-                     ev.status == "error")
+def _on_run_end(st: Fold, ev: E.RunEndEvent) -> None:
+    item, parent = ev.item_index, ev.parent_run_id
+    mid = _map_id(ev.run_id, item, ev.session_id) if item is not None and not parent else ""
+    rec = _run(st, ev.run_id, ev.session_id, item, parent, mid)
+    _end_run(st, rec, ev.status, ev.error, ev.duration_ms, ev.timestamp, mid)
 
 
-def _end_run(rec: TraceNode, status: str, error: Any, duration: float, end: float) -> None:
-    started = rec.started_at
+def _end_run(st: Fold, rec: TraceNode, status: str, error: Any, duration: float, end: float,
+             mid: str) -> None:
+    """Run ``rec`` ends; counted by its map ``mid`` (if any) when it was open."""
+    if mid in st.nodes and rec.status in _OPEN:
+        m = st.edit(mid)
+        m.items, m.failed = m.items + 1, m.failed + (status == "error")
+        m.status = "error" if m.failed else "complete"
     rec.status, rec.error = status, _err(error)
-    rec.duration_ms = duration or (None if started is None else (end - started) * 1e3)
-
-
-def _count_items(st: Fold, mid: str, ended: int, failed: int) -> None:
-    m = st.edit(mid)
-    m.items, m.failed = m.items + ended, m.failed + failed
-    m.status = "error" if m.failed else "complete"
+    rec.duration_ms = duration or (None if rec.started_at is None else (end - rec.started_at) * 1e3)
 
 
 # -- map batches ----------------------------------------------------------------------------
 
 
-def _on_batch(st: Fold, ev: BatchEvent) -> None:
+def _on_batch(st: Fold, ev: E.BatchEvent) -> None:
     """A map batch in columns: the same trace as its ``expand()``, without the events."""
     runs = [f"{ev.run_id}{ev.offset + i}" for i in range(ev.n)]
-    _start_runs(st, ev, runs)
+    mid = _map_id(runs[0], ev.offset, ev.session_id) if runs and not ev.parent_run_id else ""
+    for i, run_id in enumerate(runs):
+        rec = _run(st, run_id, ev.session_id, ev.offset + i, ev.parent_run_id, mid)
+        _start_run(rec, ev.started_at)
     for part in ev.parts:
-        if isinstance(part, NodeColumns):
+        if type(part) is E.NodeColumns:
             _fold_columns(st, ev, part, runs)
         else:  # a kept event
             _replay(st, part)
-    if ev.n:
-        _end_runs(st, ev, runs)
-
-
-def _start_runs(st: Fold, ev: BatchEvent, runs: list[str]) -> None:
-    session, parent, offset, started = ev.session_id, ev.parent_run_id, ev.offset, ev.started_at
-    nodes, edges, mid = st.nodes, st.edges, ""
     for i, run_id in enumerate(runs):
-        if parent or run_id in nodes:  # nested runs, or a run seen before: the general case
-            rec = _run(st, run_id, session, offset + i, parent, "running", started)
-            if rec.status == "pending":
-                rec = st.edit(run_id)
-                rec.status, rec.started_at = "running", started
-            continue
-        if not mid:
-            mid = _map_id(run_id, offset + i, session)
-            if mid not in nodes:
-                st.put(TraceNode(mid, "map", session_id=session, status="running"))
-        st.put(TraceNode(run_id, "run", run_id, "", 0, "running", session, offset + i, None,
-                         "", -1, started))
-        edges.append((mid, run_id, "map"))
+        error = ev.errors.get(i)
+        _end_run(st, st.edit(run_id), "error" if error else "complete", error,
+                 (ev.ended_at - ev.started_at) * 1e3, ev.ended_at, mid)
 
 
-def _fold_columns(st: Fold, ev: BatchEvent, part: NodeColumns, runs: list[str]) -> None:
+def _fold_columns(st: Fold, ev: E.BatchEvent, part: E.NodeColumns, runs: list[str]) -> None:
     """One record per execution, created complete (a start and an end event in one step);
     an execution that already has a record (a nested run's placeholder) takes the events."""
     nodes, edges, latest = st.nodes, st.edges, st.latest
@@ -410,11 +360,11 @@ def _fold_columns(st: Fold, ev: BatchEvent, part: NodeColumns, runs: list[str]) 
     node_type = "" if cached else part.node_type  # a hit has no start event
     times = ev.times(part)
     for k, (i, started, duration) in enumerate(zip(part.items, times[0], times[2])):
-        run_id = runs[i]  # every run of the batch has its record (``_start_runs``)
+        run_id = runs[i]  # every run of the batch has its record
         tid = f"{run_id}:{name}:0"
         if tid in nodes:
             for event in ev.executions(part, (k,), times):
-                handler(type(event))(st, event)
+                handler(type(event))(st, event)  # type: ignore[misc]
             continue
         nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
                       node_type, step, started, duration, cached, worker, 1, None, None, None,
@@ -423,22 +373,10 @@ def _fold_columns(st: Fold, ev: BatchEvent, part: NodeColumns, runs: list[str]) 
         latest[run_id] = tid
 
 
-def _end_runs(st: Fold, ev: BatchEvent, runs: list[str]) -> None:
-    errors, end, duration = ev.errors, ev.ended_at, (ev.ended_at - ev.started_at) * 1e3
-    ended = failed = 0
-    for i, run_id in enumerate(runs):
-        error = errors.get(i) if errors else None
-        if st.get(run_id).status in _OPEN:
-            ended, failed = ended + 1, failed + (error is not None)
-        _end_run(st.edit(run_id), "error" if error else "complete", error, duration, end)
-    if ended and not ev.parent_run_id:
-        _count_items(st, _map_id(runs[0], ev.offset, ev.session_id), ended, failed)
-
-
-def _columnar(ev: BatchEvent) -> bool:
+def _columnar(ev: E.BatchEvent) -> bool:
     """Can ``ev`` be read as columns: a top-level batch of node executions only, each
     (node, item) once."""
-    if ev.parent_run_id or not ev.n or any(type(p) is not NodeColumns for p in ev.parts):
+    if ev.parent_run_id or not ev.n or any(type(p) is not E.NodeColumns for p in ev.parts):
         return False
     items: dict[str, list[Any]] = {}
     for part in ev.parts:
@@ -446,31 +384,22 @@ def _columnar(ev: BatchEvent) -> bool:
     return all(len(c) == 1 or sum(map(len, c)) == len(set().union(*c)) for c in items.values())
 
 
-def _disjoint(batches: list[BatchEvent], nodes: Mapping[str, Any]) -> bool:
+def _disjoint(batches: list[E.BatchEvent], nodes: Mapping[str, Any]) -> bool:
     """No two ``batches`` share a run, and no run of theirs has a record in ``nodes``."""
     spans = sorted((b.run_id, b.offset, b.offset + b.n) for b in batches)
-    for (prefix, _a, end), (nxt, start, _b) in zip(spans, spans[1:]):
-        if prefix == nxt and start < end:
-            return False
+    if any(p == q and start < end for (p, _, end), (q, start, _) in zip(spans, spans[1:])):
+        return False
     return not nodes or not any(f"{b.run_id}{b.offset + i}" in nodes
                                 for b in batches for i in range(b.n))
 
 
 _HANDLERS: dict[type, Callable[[Fold, Any], None] | None] = {
-    NodeStartEvent: _on_node_start,
-    NodeEndEvent: _on_node_end,
-    NodeErrorEvent: _on_node_error,
-    NodeSkippedEvent: _on_skipped,
-    GateDecisionEvent: _on_decision,
-    StreamingStartEvent: _on_stream_start,
-    StreamingChunkEvent: _on_chunk,
-    StreamingEndEvent: _on_stream_end,
-    InterruptEvent: _on_interrupt,
-    ResumeEvent: _on_resume,
-    PolicyEvent: _on_policy,
-    RunStartEvent: _on_run_start,
-    RunEndEvent: _on_run_end,
-    BatchEvent: _on_batch,
+    E.NodeStartEvent: _on_node_start, E.NodeEndEvent: _on_node_end,
+    E.NodeErrorEvent: _on_node_error, E.NodeSkippedEvent: _on_skipped,
+    E.GateDecisionEvent: _on_decision, E.StreamingStartEvent: _on_stream_start,
+    E.StreamingChunkEvent: _on_chunk, E.StreamingEndEvent: _on_stream_end,
+    E.InterruptEvent: _on_interrupt, E.ResumeEvent: _on_resume, E.PolicyEvent: _on_policy,
+    E.RunStartEvent: _on_run_start, E.RunEndEvent: _on_run_end, E.BatchEvent: _on_batch,
 }
 
 
