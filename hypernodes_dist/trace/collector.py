@@ -13,12 +13,9 @@ __all__ = ["TraceCollector"]
 
 
 class TraceCollector:
-    """A callback that folds every event it receives into ``self.trace``.
-
-    ``Graph(nodes, callbacks=[TraceCollector()])``; then ``collector.trace`` is the trace of
-    everything the graph ran (``map`` items from any engine included). Events are buffered
-    and reduced ``batch`` at a time (and whenever ``trace`` is read).
-    """
+    """``Graph(nodes, callbacks=[TraceCollector()])``; then ``collector.trace`` is the trace
+    of everything the graph ran (``map`` items from any engine included). Events are
+    reduced ``batch`` at a time, and whenever ``trace`` is read."""
 
     def __init__(self, trace: Trace | None = None, batch: int = 4096) -> None:
         self._trace = trace if trace is not None else empty()
@@ -30,8 +27,7 @@ class TraceCollector:
     def trace(self) -> Trace:
         with self._lock:
             if self._pending:
-                self._trace = reduce_events(self._trace, self._pending)
-                self._pending = []
+                self._trace, self._pending = reduce_events(self._trace, self._pending), []
             return self._trace
 
     def on_event(self, event: Event) -> None:

@@ -20,12 +20,10 @@ _OPEN = frozenset({"pending", "running", "interrupted"})
 
 class Fold:
     """The records, edges and deferred map batches of the first ``n`` events of a log.
-
-    Records are stored as tuples of their fields (the garbage collector skips tuples of
-    plain values: 10^5 objects would cost it a full pass); an event works on ``TraceNode``
-    s (``edit``, ``put``) that ``commit`` stores back. A fold changes until ``pinned``
-    (its records handed out); the next version then folds on a ``copy``.
-    """
+    Records are stored as tuples of their fields (the garbage collector skips tuples of plain
+    values: 10^5 objects would cost a full pass); an event edits ``TraceNode`` s, stored back
+    by ``commit``. A fold changes until ``pinned`` (records handed out), then is copied.
+    The ``_on_*`` methods fold one event each (``handler``)."""
 
     __slots__ = ("nodes", "edges", "latest", "batches", "n", "work", "streams", "pinned")
 
@@ -41,8 +39,7 @@ class Fold:
     def copy(self) -> Fold:
         return Fold(dict(self.nodes), list(self.edges), dict(self.latest), self.n, self.batches)
 
-    def apply(self, entries: Sequence[Any]) -> None:
-        """Fold log entries (``kept`` events)."""
+    def apply(self, entries: Sequence[Any]) -> None:  # ``kept`` events
         for entry in entries:
             if type(entry) is E.BatchEvent and _columnar(entry):
                 self.batches.append(entry)  # stays columns until the records are read
@@ -50,21 +47,20 @@ class Fold:
             if self.batches:
                 self.fold_batches()
             if type(entry) is E.BatchEvent:
-                _on_batch(self, entry)
+                self._on_batch(entry)
             else:
-                _replay(self, entry)
+                self._replay(entry)
             self.commit()
         self.n += len(entries)
 
     def fold_batches(self) -> None:
         batches, self.batches = self.batches, []
         for event in batches:
-            _on_batch(self, event)
+            self._on_batch(event)
             self.commit()
 
     def columns(self) -> tuple[list[TraceNode], list[E.BatchEvent]]:
-        """Records and deferred batches that together are every vertex (batches that
-        overlap each other or a record are folded first)."""
+        """Records and deferred batches: every vertex (overlapping batches folded first)."""
         if self.batches and not _disjoint(self.batches, self.nodes):
             self.fold_batches()
         return list(starmap(TraceNode, self.nodes.values())), list(self.batches)
@@ -85,8 +81,233 @@ class Fold:
         self.nodes.update(zip(work, map(values, work.values())))
         work.clear()
 
+    def _replay(self, entry: tuple[int, tuple[Any, ...]]) -> None:
+        make, fold = _REPLAY[entry[0]]
+        fold(self, make(entry[1]))  # a handler reads a kept event like the event
 
-# -- what the log keeps -----------------------------------------------------------------------
+    # -- runs and executions (each returns the record to edit) ------------------------------
+
+    def _run(self, run_id: str, session: str, item: int | None, parent: str | None,
+             mid: str = "") -> TraceNode:
+        """Run ``run_id``, created on first sight with its map (``mid``) or nesting edge."""
+        if run_id in self.nodes:
+            return self.edit(run_id)
+        if parent and parent not in self.nodes:
+            self.put(TraceNode(parent, "run", parent, session_id=session))
+        elif not parent and item is not None:
+            mid = mid or _map_id(run_id, item, session)
+            if mid not in self.nodes:
+                self.put(TraceNode(mid, "map", session_id=session, status="running"))
+        rec = self.put(TraceNode(run_id, "run", run_id, session_id=session, item_index=item,
+                                 parent_run_id=parent))
+        if parent:
+            self.edges.append((self._nesting(parent, run_id) or parent, run_id, "nested"))
+        elif item is not None:
+            self.edges.append((mid, run_id, "map"))
+        return rec
+
+    def _nesting(self, parent: str, run_id: str) -> str | None:
+        """The execution an inner run ``{parent}/{node}-{call}.{index}`` belongs to: the
+        node's latest in the parent run, or a pending placeholder until its events arrive."""
+        name = run_id[len(parent) + 1:].rpartition("-")[0]
+        if not run_id.startswith(parent + "/") or not name:
+            return None
+        cur = self.latest.get((parent, name)) or f"{parent}:{name}:0"
+        if cur not in self.nodes:
+            p = self.edit(parent)
+            self._add(TraceNode(cur, "node", parent, name, session_id=p.session_id,
+                                item_index=p.item_index, parent_run_id=p.parent_run_id))
+        return cur
+
+    def _add(self, rec: TraceNode) -> TraceNode:
+        """A new execution record, with its sequential edge."""
+        run_id, tid = rec.run_id, rec.id
+        if run_id not in self.nodes:
+            self._run(run_id, rec.session_id, rec.item_index, rec.parent_run_id)
+        self.edges.append((self.latest.get(run_id, run_id), tid, "seq"))
+        self.latest[run_id] = tid
+        if rec.iteration:  # (run, node) -> its latest execution; absent: iteration 0 at most
+            self.latest[(run_id, rec.node_id)] = tid
+        return self.put(rec)
+
+    def _execution(self, ev: Any, iteration: int | None = None) -> TraceNode:
+        """The execution ``ev`` is about, created on first sight; without an ``iteration``
+        (streaming, decisions, skips...) the node's open execution in that run, or the next."""
+        run_id, name = ev.run_id, ev.node_id
+        if iteration is None:
+            cur = self.latest.get((run_id, name)) or f"{run_id}:{name}:0"
+            rec = self.edit(cur) if cur in self.nodes else None
+            if rec is not None and rec.status in _OPEN:
+                return rec
+            iteration = 0 if rec is None else rec.iteration + 1
+        tid = f"{run_id}:{name}:{iteration}"
+        if tid in self.nodes:
+            return self.edit(tid)
+        return self._add(TraceNode(tid, "node", run_id, name, iteration, session_id=ev.session_id,
+                                   item_index=ev.item_index, parent_run_id=ev.parent_run_id,
+                                   step_index=ev.step_index, tags=ev.tags))
+
+    def _chunks(self, rec: TraceNode) -> Chunks:
+        """``rec``'s chunk list, this fold's own (an older fold may share the one it had)."""
+        if rec.id not in self.streams:
+            rec.chunks = Chunks(rec.chunks or ())
+            self.streams.add(rec.id)
+        return rec.chunks  # type: ignore[return-value]
+
+    # -- handlers -----------------------------------------------------------------------------
+
+    def _on_node_start(self, ev: E.NodeStartEvent) -> None:
+        tid = f"{ev.run_id}:{ev.node_id}:{ev.iteration}"
+        if tid not in self.nodes:  # the usual case: create it running, in one step
+            self._add(TraceNode(tid, "node", ev.run_id, ev.node_id, ev.iteration, "running",
+                                ev.session_id, ev.item_index, ev.parent_run_id, ev.node_type,
+                                ev.step_index, ev.timestamp, attempts=1, tags=ev.tags))
+            return
+        rec = self.edit(tid)
+        # a re-start counts as an attempt; a placeholder (pending) is this very attempt
+        rec.attempts = rec.attempts + 1 if rec.status != "pending" else max(rec.attempts, 1)
+        rec.status, rec.node_type, rec.step_index = "running", ev.node_type, ev.step_index
+        rec.started_at = ev.timestamp
+
+    def _on_node_end(self, ev: E.NodeEndEvent | E.NodeErrorEvent) -> None:
+        rec = self._execution(ev, ev.iteration)
+        started = ev.started_at or rec.started_at
+        rec.started_at = ev.timestamp - ev.duration_ms / 1000.0 if started is None else started
+        rec.duration_ms, rec.worker = ev.duration_ms, ev.worker or rec.worker
+        if hasattr(ev, "error"):  # a node error
+            rec.status, rec.error = "error", _err(ev.error)
+            rec.attempts = max(rec.attempts, ev.attempts, 1)
+        else:
+            rec.status, rec.cached, rec.attempts = "complete", ev.cached, rec.attempts or 1
+
+    def _on_skipped(self, ev: E.NodeSkippedEvent) -> None:
+        rec = self._execution(ev)
+        if rec.status == "pending":
+            rec.status, rec.error = "skipped", ev.reason or None
+
+    def _on_decision(self, ev: E.GateDecisionEvent) -> None:
+        self._execution(ev).decision = ev.decision
+
+    def _on_stream_start(self, ev: E.StreamingStartEvent) -> None:
+        rec = self._execution(ev)
+        rec.status = "running" if rec.status == "pending" else rec.status
+        rec.started_at = rec.started_at or ev.timestamp
+        self._chunks(rec)
+
+    def _on_chunk(self, ev: E.StreamingChunkEvent) -> None:
+        self._chunks(self._execution(ev)).append(ev.chunk)
+
+    def _on_interrupt(self, ev: E.InterruptEvent) -> None:
+        rec = self._execution(ev)
+        rec.status, rec.node_type = "interrupted", "interrupt"
+        rec.started_at = rec.started_at or ev.timestamp
+
+    def _on_resume(self, ev: E.ResumeEvent) -> None:
+        rec = self._execution(ev)
+        rec.status, rec.node_type = "running", "interrupt"
+
+    def _on_policy(self, ev: E.PolicyEvent) -> None:
+        if ev.kind == "retry" and ev.node_id:  # attempt ``ev.attempt`` failed; another follows
+            rec = self._execution(ev)
+            rec.attempts = max(rec.attempts, ev.attempt + 1)
+
+    def _on_run_start(self, ev: E.RunStartEvent) -> None:
+        rec = self._run(ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id)
+        if rec.status == "pending":
+            rec.status, rec.started_at = "running", ev.timestamp
+
+    def _on_run_end(self, ev: E.RunEndEvent) -> None:
+        item, parent = ev.item_index, ev.parent_run_id
+        mid = _map_id(ev.run_id, item, ev.session_id) if item is not None and not parent else ""
+        rec = self._run(ev.run_id, ev.session_id, item, parent, mid)
+        self._end_run(rec, ev.status, ev.error, ev.duration_ms, ev.timestamp, mid)
+
+    def _end_run(self, rec: TraceNode, status: str, error: Any, duration: float, end: float,
+                 mid: str) -> None:  # counted by its map ``mid`` (if any) when it was open
+        if mid in self.nodes and rec.status in _OPEN:
+            m = self.edit(mid)
+            m.items, m.failed = m.items + 1, m.failed + (status == "error")
+            m.status = "error" if m.failed else "complete"
+        rec.status, rec.error = status, _err(error)
+        rec.duration_ms = duration or (None if rec.started_at is None else (end - rec.started_at) * 1e3)
+
+    def _on_batch(self, ev: E.BatchEvent) -> None:
+        """A map batch in columns: the same trace as its ``expand()``, without the events."""
+        runs = [f"{ev.run_id}{ev.offset + i}" for i in range(ev.n)]
+        mid = _map_id(runs[0], ev.offset, ev.session_id) if runs and not ev.parent_run_id else ""
+        for i, run_id in enumerate(runs):
+            rec = self._run(run_id, ev.session_id, ev.offset + i, ev.parent_run_id, mid)
+            if rec.status == "pending":
+                rec.status, rec.started_at = "running", ev.started_at
+        for part in ev.parts:
+            if type(part) is E.NodeColumns:
+                self._fold_columns(ev, part, runs)
+            else:  # a kept event
+                self._replay(part)
+        for i, run_id in enumerate(runs):
+            error = ev.errors.get(i)
+            self._end_run(self.edit(run_id), "error" if error else "complete", error,
+                          (ev.ended_at - ev.started_at) * 1e3, ev.ended_at, mid)
+
+    def _fold_columns(self, ev: E.BatchEvent, part: E.NodeColumns, runs: list[str]) -> None:
+        """One record per execution, created complete (a start and an end in one step); one
+        that already has a record (a nested run's placeholder) takes the events instead."""
+        nodes, edges, latest = self.nodes, self.edges, self.latest
+        session, parent, offset, worker = ev.session_id, ev.parent_run_id, ev.offset, ev.worker
+        name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
+        node_type = "" if cached else part.node_type  # a hit has no start event
+        times = ev.times(part)
+        for k, (i, started, duration) in enumerate(zip(part.items, times[0], times[2])):
+            run_id = runs[i]  # every run of the batch has its record
+            tid = f"{run_id}:{name}:0"
+            if tid in nodes:
+                for event in ev.executions(part, (k,), times):
+                    handler(type(event))(self, event)  # type: ignore[misc]
+                continue
+            nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
+                          node_type, step, started, duration, cached, worker, 1, None, None, None,
+                          tags, 0, 0)  # values(TraceNode(...)), built directly: the hot path
+            edges.append((latest.get(run_id, run_id), tid, "seq"))
+            latest[run_id] = tid
+
+
+def _map_id(run_id: str, item: int, session: str) -> str:
+    """Items of one map share a run-id prefix (``{prefix}{item_index}``) and a session."""
+    suffix = str(item)
+    if run_id.endswith(suffix) and len(run_id) > len(suffix):
+        return "map:" + run_id[: -len(suffix)].rstrip("-:_")
+    return "map:" + session
+
+
+def _err(err: Any) -> str | None:
+    if err is None or isinstance(err, str):
+        return err
+    try:
+        return f"{type(err).__name__}: {err}"
+    except Exception:  # a broken __str__ never breaks tracing
+        return type(err).__name__
+
+
+def _columnar(ev: E.BatchEvent) -> bool:
+    """A top-level batch of node executions only, each (node, item) once: read as columns."""
+    if ev.parent_run_id or not ev.n or any(type(p) is not E.NodeColumns for p in ev.parts):
+        return False
+    items: dict[str, list[Any]] = {}
+    for part in ev.parts:
+        items.setdefault(part.node_id, []).append(part.items)  # type: ignore[union-attr]
+    return all(len(c) == 1 or sum(map(len, c)) == len(set().union(*c)) for c in items.values())
+
+
+def _disjoint(batches: list[E.BatchEvent], nodes: Mapping[str, Any]) -> bool:
+    """No two ``batches`` share a run, and no run of theirs has a record in ``nodes``."""
+    spans = sorted((b.run_id, b.offset, b.offset + b.n) for b in batches)
+    if any(p == q and start < end for (p, _, end), (q, start, _) in zip(spans, spans[1:])):
+        return False
+    return not nodes or not any(f"{b.run_id}{b.offset + i}" in nodes
+                                for b in batches for i in range(b.n))
+
+
+# -- what the log keeps of an event -----------------------------------------------------------
 
 _VALUES = ("inputs", "outputs", "final_value", "value", "response_value", "state", "operations")
 _SHAPES: dict[type, tuple[int, Callable[[Any], tuple[Any, ...]], bool]] = {}
@@ -94,9 +315,8 @@ _REPLAY: list[tuple[Callable[[Any], Any], Any]] = []  # code -> (event-like from
 
 
 def kept(event: E.Event) -> Any:
-    """``event`` as the log keeps it: a tuple (code, fields) without the values the trace
-    never reads (node inputs, outputs...) and with errors as text, so a trace keeps nothing
-    of a run alive (and tuples of plain values cost the garbage collector nothing)."""
+    """``event`` as the log keeps it: (code, fields) without the values the trace never
+    reads (inputs, outputs...), errors as text: a trace keeps nothing of a run alive."""
     if type(event) is E.BatchEvent:
         parts = [_kept_part(p) for p in event.parts]
         if all(map(is_, parts, event.parts)) and all(type(e) is str for e in event.errors.values()):
@@ -117,11 +337,6 @@ def _shape(cls: type) -> tuple[int, Callable[[Any], tuple[Any, ...]], bool]:
     return shape
 
 
-def _replay(st: Fold, entry: tuple[int, tuple[Any, ...]]) -> None:
-    make, fold = _REPLAY[entry[0]]
-    fold(st, make(entry[1]))
-
-
 def _kept_part(part: Any) -> Any:
     if type(part) is E.NodeColumns:
         return replace(part, outputs={}) if part.outputs else part
@@ -130,276 +345,14 @@ def _kept_part(part: Any) -> Any:
     return kept(part) if part.run_id and handler(type(part)) is not None else None
 
 
-def _err(err: Any) -> str | None:
-    if err is None or isinstance(err, str):
-        return err
-    try:
-        return f"{type(err).__name__}: {err}"
-    except Exception:  # a broken __str__ never breaks tracing
-        return type(err).__name__
-
-
-# -- runs and executions (each returns the record to edit) ---------------------------------
-
-
-def _run(st: Fold, run_id: str, session: str, item: int | None, parent: str | None,
-         mid: str = "") -> TraceNode:
-    """Run ``run_id``, created on first sight with its map (``mid``) or nesting edge."""
-    if run_id in st.nodes:
-        return st.edit(run_id)
-    if parent and parent not in st.nodes:
-        st.put(TraceNode(parent, "run", parent, session_id=session))
-    elif not parent and item is not None:
-        mid = mid or _map_id(run_id, item, session)
-        if mid not in st.nodes:
-            st.put(TraceNode(mid, "map", session_id=session, status="running"))
-    rec = st.put(TraceNode(run_id, "run", run_id, session_id=session, item_index=item,
-                           parent_run_id=parent))
-    if parent:
-        st.edges.append((_nesting_execution(st, parent, run_id) or parent, run_id, "nested"))
-    elif item is not None:
-        st.edges.append((mid, run_id, "map"))
-    return rec
-
-
-def _map_id(run_id: str, item: int, session: str) -> str:
-    """Items of one map share a run-id prefix (``{prefix}{item_index}``) and a session."""
-    suffix = str(item)
-    if run_id.endswith(suffix) and len(run_id) > len(suffix):
-        return "map:" + run_id[: -len(suffix)].rstrip("-:_")
-    return "map:" + session
-
-
-def _nesting_execution(st: Fold, parent: str, run_id: str) -> str | None:
-    """The parent execution an inner run belongs to (inner run ids read
-    ``{parent_run_id}/{node}-{call}.{index}``): the node's latest execution in the parent
-    run, a pending placeholder when its own events have not arrived yet (columnar executors
-    emit them after the call), so the edge does not depend on arrival order."""
-    name = run_id[len(parent) + 1:].rpartition("-")[0]
-    if not run_id.startswith(parent + "/") or not name:
-        return None
-    cur = st.latest.get((parent, name)) or f"{parent}:{name}:0"
-    if cur not in st.nodes:
-        p = st.edit(parent)
-        _add(st, TraceNode(cur, "node", parent, name, session_id=p.session_id,
-                           item_index=p.item_index, parent_run_id=p.parent_run_id))
-    return cur
-
-
-def _add(st: Fold, rec: TraceNode) -> TraceNode:
-    """Add a new execution record with its sequential edge."""
-    run_id, tid = rec.run_id, rec.id
-    if run_id not in st.nodes:
-        _run(st, run_id, rec.session_id, rec.item_index, rec.parent_run_id)
-    st.edges.append((st.latest.get(run_id, run_id), tid, "seq"))
-    st.latest[run_id] = tid
-    if rec.iteration:  # (run, node) -> its latest execution; absent: iteration 0 at most
-        st.latest[(run_id, rec.node_id)] = tid
-    return st.put(rec)
-
-
-def _execution(st: Fold, ev: Any, iteration: int | None) -> TraceNode:
-    """The execution ``ev`` is about, created (with its edges) on first sight. Events
-    without an iteration (streaming, decisions, interrupts, skips) belong to the node's
-    open execution in that run, or to the next one."""
-    run_id, name = ev.run_id, ev.node_id
-    if iteration is None:
-        cur = st.latest.get((run_id, name)) or f"{run_id}:{name}:0"
-        rec = st.edit(cur) if cur in st.nodes else None
-        if rec is not None and rec.status in _OPEN:
-            return rec
-        iteration = 0 if rec is None else rec.iteration + 1
-    tid = f"{run_id}:{name}:{iteration}"
-    if tid in st.nodes:
-        return st.edit(tid)
-    return _add(st, TraceNode(tid, "node", run_id, name, iteration, session_id=ev.session_id,
-                              item_index=ev.item_index, parent_run_id=ev.parent_run_id,
-                              step_index=ev.step_index, tags=ev.tags))
-
-
-# -- handlers: each folds one event (or its kept form) into ``st`` -------------------------
-
-
-def _on_node_start(st: Fold, ev: E.NodeStartEvent) -> None:
-    tid = f"{ev.run_id}:{ev.node_id}:{ev.iteration}"
-    if tid not in st.nodes:  # the usual case: create it running, in one step
-        _add(st, TraceNode(tid, "node", ev.run_id, ev.node_id, ev.iteration, "running",
-                           ev.session_id, ev.item_index, ev.parent_run_id, ev.node_type,
-                           ev.step_index, ev.timestamp, attempts=1, tags=ev.tags))
-        return
-    rec = st.edit(tid)
-    # a re-start counts as an attempt; a placeholder (pending) is this very attempt
-    rec.attempts = rec.attempts + 1 if rec.status != "pending" else max(rec.attempts, 1)
-    rec.status, rec.node_type, rec.step_index = "running", ev.node_type, ev.step_index
-    rec.started_at = ev.timestamp
-
-
-def _ended(st: Fold, ev: Any, status: str) -> TraceNode:
-    """The execution ``ev`` ends, with its status, start, duration and worker set."""
-    rec = _execution(st, ev, ev.iteration)
-    started = ev.started_at or rec.started_at
-    rec.started_at = ev.timestamp - ev.duration_ms / 1000.0 if started is None else started
-    rec.status, rec.duration_ms, rec.worker = status, ev.duration_ms, ev.worker or rec.worker
-    return rec
-
-
-def _on_node_end(st: Fold, ev: E.NodeEndEvent) -> None:
-    rec = _ended(st, ev, "complete")
-    rec.cached, rec.attempts = ev.cached, rec.attempts or 1
-
-
-def _on_node_error(st: Fold, ev: E.NodeErrorEvent) -> None:
-    rec = _ended(st, ev, "error")
-    rec.error, rec.attempts = _err(ev.error), max(rec.attempts, ev.attempts, 1)
-
-
-def _on_skipped(st: Fold, ev: E.NodeSkippedEvent) -> None:
-    rec = _execution(st, ev, None)
-    if rec.status == "pending":
-        rec.status, rec.error = "skipped", ev.reason or None
-
-
-def _on_decision(st: Fold, ev: E.GateDecisionEvent) -> None:
-    _execution(st, ev, None).decision = ev.decision
-
-
-def _on_stream_start(st: Fold, ev: E.StreamingStartEvent) -> None:
-    rec = _execution(st, ev, None)
-    rec.status = "running" if rec.status == "pending" else rec.status
-    rec.started_at = rec.started_at or ev.timestamp
-    _chunks(st, rec)
-
-
-def _on_chunk(st: Fold, ev: E.StreamingChunkEvent) -> None:
-    _chunks(st, _execution(st, ev, None)).append(ev.chunk)
-
-
-def _chunks(st: Fold, rec: TraceNode) -> Chunks:
-    """``rec``'s chunk list, this fold's own (an older fold may share the one it had)."""
-    if rec.id not in st.streams:
-        rec.chunks = Chunks(rec.chunks or ())
-        st.streams.add(rec.id)
-    return rec.chunks  # type: ignore[return-value]
-
-
-def _on_stream_end(st: Fold, ev: E.StreamingEndEvent) -> None:
-    _execution(st, ev, None)
-
-
-def _on_interrupt(st: Fold, ev: E.InterruptEvent) -> None:
-    rec = _execution(st, ev, None)
-    rec.status, rec.node_type = "interrupted", "interrupt"
-    rec.started_at = rec.started_at or ev.timestamp
-
-
-def _on_resume(st: Fold, ev: E.ResumeEvent) -> None:
-    rec = _execution(st, ev, None)
-    rec.status, rec.node_type = "running", "interrupt"
-
-
-def _on_policy(st: Fold, ev: E.PolicyEvent) -> None:
-    if ev.kind == "retry" and ev.node_id:  # attempt ``ev.attempt`` failed; another follows
-        rec = _execution(st, ev, None)
-        rec.attempts = max(rec.attempts, ev.attempt + 1)
-
-
-def _on_run_start(st: Fold, ev: E.RunStartEvent) -> None:
-    _start_run(_run(st, ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id), ev.timestamp)
-
-
-def _start_run(rec: TraceNode, started: float) -> None:
-    if rec.status == "pending":
-        rec.status, rec.started_at = "running", started
-
-
-def _on_run_end(st: Fold, ev: E.RunEndEvent) -> None:
-    item, parent = ev.item_index, ev.parent_run_id
-    mid = _map_id(ev.run_id, item, ev.session_id) if item is not None and not parent else ""
-    rec = _run(st, ev.run_id, ev.session_id, item, parent, mid)
-    _end_run(st, rec, ev.status, ev.error, ev.duration_ms, ev.timestamp, mid)
-
-
-def _end_run(st: Fold, rec: TraceNode, status: str, error: Any, duration: float, end: float,
-             mid: str) -> None:
-    """Run ``rec`` ends; counted by its map ``mid`` (if any) when it was open."""
-    if mid in st.nodes and rec.status in _OPEN:
-        m = st.edit(mid)
-        m.items, m.failed = m.items + 1, m.failed + (status == "error")
-        m.status = "error" if m.failed else "complete"
-    rec.status, rec.error = status, _err(error)
-    rec.duration_ms = duration or (None if rec.started_at is None else (end - rec.started_at) * 1e3)
-
-
-# -- map batches ----------------------------------------------------------------------------
-
-
-def _on_batch(st: Fold, ev: E.BatchEvent) -> None:
-    """A map batch in columns: the same trace as its ``expand()``, without the events."""
-    runs = [f"{ev.run_id}{ev.offset + i}" for i in range(ev.n)]
-    mid = _map_id(runs[0], ev.offset, ev.session_id) if runs and not ev.parent_run_id else ""
-    for i, run_id in enumerate(runs):
-        rec = _run(st, run_id, ev.session_id, ev.offset + i, ev.parent_run_id, mid)
-        _start_run(rec, ev.started_at)
-    for part in ev.parts:
-        if type(part) is E.NodeColumns:
-            _fold_columns(st, ev, part, runs)
-        else:  # a kept event
-            _replay(st, part)
-    for i, run_id in enumerate(runs):
-        error = ev.errors.get(i)
-        _end_run(st, st.edit(run_id), "error" if error else "complete", error,
-                 (ev.ended_at - ev.started_at) * 1e3, ev.ended_at, mid)
-
-
-def _fold_columns(st: Fold, ev: E.BatchEvent, part: E.NodeColumns, runs: list[str]) -> None:
-    """One record per execution, created complete (a start and an end event in one step);
-    an execution that already has a record (a nested run's placeholder) takes the events."""
-    nodes, edges, latest = st.nodes, st.edges, st.latest
-    session, parent, offset, worker = ev.session_id, ev.parent_run_id, ev.offset, ev.worker
-    name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
-    node_type = "" if cached else part.node_type  # a hit has no start event
-    times = ev.times(part)
-    for k, (i, started, duration) in enumerate(zip(part.items, times[0], times[2])):
-        run_id = runs[i]  # every run of the batch has its record
-        tid = f"{run_id}:{name}:0"
-        if tid in nodes:
-            for event in ev.executions(part, (k,), times):
-                handler(type(event))(st, event)  # type: ignore[misc]
-            continue
-        nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
-                      node_type, step, started, duration, cached, worker, 1, None, None, None,
-                      tags, 0, 0)  # values(TraceNode(...)), built directly: the hot path
-        edges.append((latest.get(run_id, run_id), tid, "seq"))
-        latest[run_id] = tid
-
-
-def _columnar(ev: E.BatchEvent) -> bool:
-    """Can ``ev`` be read as columns: a top-level batch of node executions only, each
-    (node, item) once."""
-    if ev.parent_run_id or not ev.n or any(type(p) is not E.NodeColumns for p in ev.parts):
-        return False
-    items: dict[str, list[Any]] = {}
-    for part in ev.parts:
-        items.setdefault(part.node_id, []).append(part.items)  # type: ignore[union-attr]
-    return all(len(c) == 1 or sum(map(len, c)) == len(set().union(*c)) for c in items.values())
-
-
-def _disjoint(batches: list[E.BatchEvent], nodes: Mapping[str, Any]) -> bool:
-    """No two ``batches`` share a run, and no run of theirs has a record in ``nodes``."""
-    spans = sorted((b.run_id, b.offset, b.offset + b.n) for b in batches)
-    if any(p == q and start < end for (p, _, end), (q, start, _) in zip(spans, spans[1:])):
-        return False
-    return not nodes or not any(f"{b.run_id}{b.offset + i}" in nodes
-                                for b in batches for i in range(b.n))
-
-
 _HANDLERS: dict[type, Callable[[Fold, Any], None] | None] = {
-    E.NodeStartEvent: _on_node_start, E.NodeEndEvent: _on_node_end,
-    E.NodeErrorEvent: _on_node_error, E.NodeSkippedEvent: _on_skipped,
-    E.GateDecisionEvent: _on_decision, E.StreamingStartEvent: _on_stream_start,
-    E.StreamingChunkEvent: _on_chunk, E.StreamingEndEvent: _on_stream_end,
-    E.InterruptEvent: _on_interrupt, E.ResumeEvent: _on_resume, E.PolicyEvent: _on_policy,
-    E.RunStartEvent: _on_run_start, E.RunEndEvent: _on_run_end, E.BatchEvent: _on_batch,
+    E.NodeStartEvent: Fold._on_node_start, E.NodeEndEvent: Fold._on_node_end,
+    E.NodeErrorEvent: Fold._on_node_end, E.NodeSkippedEvent: Fold._on_skipped,
+    E.GateDecisionEvent: Fold._on_decision, E.StreamingStartEvent: Fold._on_stream_start,
+    E.StreamingChunkEvent: Fold._on_chunk, E.StreamingEndEvent: Fold._execution,
+    E.InterruptEvent: Fold._on_interrupt, E.ResumeEvent: Fold._on_resume,
+    E.PolicyEvent: Fold._on_policy, E.RunStartEvent: Fold._on_run_start,
+    E.RunEndEvent: Fold._on_run_end, E.BatchEvent: Fold._on_batch,
 }
 
 

@@ -1,11 +1,9 @@
-"""The trace value: a prefix of an append-only event log, read through a memoised fold.
+"""The trace value: the first ``n`` events of an append-only log, read through a memoised fold.
 
-A ``Trace`` is ``(log, n)``: the first ``n`` events of its log. ``reduce_events`` appends
-to the log when the trace is its newest version (O(1)), and otherwise starts a new log
-with a copy of the prefix, so a trace never changes: reading one folds exactly its
-events. Each log keeps one fold (its memo) that the newest version read moves forward
-event by event; an older version read after the memo went past it folds its own once.
-The log keeps events without the values the trace never reads (``fold.kept``).
+``reduce_events`` appends to the log when the trace is its newest version (O(1)), else
+starts a new log from a copy of the prefix: a trace never changes. A log keeps one fold
+(its memo) that reading a newer version moves forward; an older version read after the
+memo went past it folds its own, once. The log keeps events without their values (``kept``).
 """
 
 from __future__ import annotations
@@ -24,11 +22,8 @@ __all__ = ["Trace", "empty", "reduce_event", "reduce_events"]
 
 
 class _Log:
-    __slots__ = ("base", "events", "memo", "lock")
-
-    def __init__(self, base: Fold, events: list[Event]) -> None:
-        self.base = base  # the fold of what came before ``events`` (never changed)
-        self.events = events
+    def __init__(self, base: Fold, events: list[Any]) -> None:
+        self.base, self.events = base, events  # base: the fold before ``events``, never changed
         self.memo: Fold | None = None  # the fold of a prefix, moved forward by reads
         self.lock = threading.RLock()
 
@@ -61,8 +56,7 @@ class Trace:
     def children(self, node_id: str) -> list[str]:
         return [e[1] for e in self.edges if e[0] == node_id]
 
-    def of_kind(self, kind: str) -> list[TraceNode]:
-        """Vertices of one kind ("node", "run", "map"), in creation order."""
+    def of_kind(self, kind: str) -> list[TraceNode]:  # "node", "run" or "map"
         return [r for r in self.nodes.values() if r.kind == kind]
 
     def runs(self) -> list[TraceNode]:
@@ -90,18 +84,11 @@ class Trace:
 
     def __repr__(self) -> str:
         fold = self._fold()  # a repr never builds records
-        deferred = f", map batches not folded yet={len(fold.batches)}" if fold.batches else ""
-        return (f"Trace(version={self._n}, nodes={len(fold.nodes)}, edges={len(fold.edges)}"
-                f"{deferred})")
+        return (f"Trace(version={self._n}, nodes={len(fold.nodes)}, edges={len(fold.edges)}, "
+                f"map batches not folded yet={len(fold.batches)})")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _restore, (*self._content(), self._n)
-
-    def __copy__(self) -> Trace:
-        return self  # immutable
-
-    def __deepcopy__(self, memo: Any) -> Trace:
-        return self
 
     def _content(self) -> tuple[list[tuple[str, str, str]], dict[str, Any], dict[Any, str]]:
         """(edges, records, latest executions): what equality and pickles see."""
@@ -143,8 +130,6 @@ class Trace:
 
 class _Nodes(Mapping[str, TraceNode]):
     """A pinned fold's records, as ``TraceNode`` s."""
-
-    __slots__ = ("_records",)
 
     def __init__(self, records: dict[str, tuple[Any, ...]]) -> None:
         self._records = records

@@ -1,15 +1,14 @@
-"""The timeline of a trace: every finished execution on lanes per worker, drawn to PNG
-(matplotlib, extra ``viz``) or to self-contained HTML (inline SVG: no script, no network).
-Executions are merged at the drawing's resolution: a 10^5-item map draws like a small one.
-"""
+"""The timeline of a trace: finished executions on lanes per worker, drawn to PNG (extra
+``viz``) or self-contained HTML (inline SVG), merged at the drawing's resolution."""
 
 from __future__ import annotations
 
 import heapq
 import html
+from collections import defaultdict
 from dataclasses import dataclass
 from itertools import accumulate, compress, islice, repeat
-from operator import add, attrgetter, gt, itemgetter, le
+from operator import add, gt, itemgetter, le
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +38,21 @@ class Timeline:
     """Executions sorted by start, on lanes: one per worker, split where executions
     overlap. Stored as columns; ``spans`` builds the ``Span`` objects on first use."""
 
-    def __init__(self, col: dict[str, list[Any]], lane: list[int], lanes: tuple[str, ...],
+    def __init__(self, cols: list[list[Any]], lane: list[int], lanes: tuple[str, ...],
                  workers: tuple[str, ...]) -> None:
-        self._col, self._lane, self.lanes, self.workers = col, lane, lanes, workers
-        self.nodes = tuple(dict.fromkeys(col["node"]))
-        self.t0 = col["start"][0] if col["start"] else 0.0
-        self.t1 = max(col["end"], default=self.t0)
+        self._cols, self._lane, self.lanes, self.workers = cols, lane, lanes, workers
+        self.nodes = tuple(dict.fromkeys(cols[0]))
+        self.t0 = cols[6][0] if lane else 0.0
+        self.t1 = max(cols[7], default=self.t0)
         self._spans: tuple[Span, ...] | None = None
 
     @property
     def spans(self) -> tuple[Span, ...]:
         if self._spans is None:
-            c = self._col  # a batch's executions have a run-id prefix instead of a run id
-            runs = [f"{p}{i}" if r is None else r for r, p, i in zip(c["run"], c["prefix"], c["item"])]
-            self._spans = tuple(map(Span, c["node"], runs, c["item"], c["iteration"], c["worker"],
-                                    self._lane, c["start"], c["end"], c["status"], c["cached"]))
+            node, run, prefix, item, iteration, worker, start, end, status, cached = self._cols
+            runs = [f"{p}{i}" if r is None else r for r, p, i in zip(run, prefix, item)]
+            self._spans = tuple(map(Span, node, runs, item, iteration, worker, self._lane,
+                                    start, end, status, cached))
         return self._spans
 
     def __len__(self) -> int:
@@ -66,20 +65,20 @@ class Timeline:
     def blocks(self, resolution: float) -> list[tuple[int, str, str, float, float, int]]:
         """Executions merged per (lane, node, class) where closer than ``resolution`` s:
         ``(lane, node, class, start, end, count)`` with class ``ran|cached|error``."""
-        c, groups, out = self._col, {}, []
-        for k, key in enumerate(zip(self._lane, c["node"], map(_class, c["status"], c["cached"]))):
-            found = groups.get(key)
-            if found is None:
-                groups[key] = [k]
-            else:
-                found.append(k)
-        for (lane, node, cls), which in groups.items():
-            starts, reach = _pick(which, c["start"]), list(accumulate(_pick(which, c["end"]), max))
+        node, start, end, status, cached = itemgetter(0, 6, 7, 8, 9)(self._cols)
+        classes = ("error" if s == "error" else "cached" if c else "ran"
+                   for s, c in zip(status, cached))
+        groups: dict[tuple[int, str, str], list[int]] = defaultdict(list)
+        for k, key in enumerate(zip(self._lane, node, classes)):
+            groups[key].append(k)
+        out = []
+        for (lane, name, cls), which in groups.items():
+            starts, reach = _pick(which, start), list(accumulate(_pick(which, end), max))
             # a block ends before execution j when j starts beyond its reach + resolution
             cuts = list(compress(range(1, len(starts)), map(
                 gt, islice(starts, 1, None), map(add, reach, repeat(resolution)))))
             for a, b in zip([0, *cuts], [*cuts, len(starts)]):
-                out.append((lane, node, cls, starts[a], reach[b - 1], b - a))
+                out.append((lane, name, cls, starts[a], reach[b - 1], b - a))
         return out
 
     def to_png(self, path: str | Path, *, title: str | None = None, width: float = 12.0) -> Path:
@@ -108,49 +107,43 @@ class Timeline:
 
 def timeline(trace: Trace, *, max_lanes_per_worker: int = 32) -> Timeline:
     """Start/end of every finished execution, with its worker and a drawing lane."""
-    col = _columns(trace)
+    cols = _columns(trace)
     by_worker: dict[str, list[int]] = {}
-    for k, worker in enumerate(col["worker"]):
+    for k, worker in enumerate(cols[5]):
         by_worker.setdefault(worker, []).append(k)
-    lane, lanes = [0] * len(col["start"]), []
+    lane, lanes = [0] * len(cols[6]), []
     for worker in sorted(by_worker):
-        used = _assign_lanes(by_worker[worker], col["start"], col["end"], lane, len(lanes),
+        used = _assign_lanes(by_worker[worker], cols[6], cols[7], lane, len(lanes),
                              max_lanes_per_worker)
         lanes.extend(worker if used == 1 else f"{worker} #{i}" for i in range(used))
-    return Timeline(col, lane, tuple(lanes), tuple(sorted(by_worker)))
+    return Timeline(cols, lane, tuple(lanes), tuple(sorted(by_worker)))
 
 
-_RECORD_COLUMNS = {"node": "node_id", "run": "run_id", "item": "item_index",
-                   "iteration": "iteration", "start": "started_at", "status": "status"}
-
-
-def _columns(trace: Trace) -> dict[str, list[Any]]:
-    """Finished executions as parallel columns, sorted by start. Records are read column by
-    column; a map batch's executions keep their run-id ``prefix`` (``run`` None)."""
+def _columns(trace: Trace) -> list[list[Any]]:
+    """Finished executions sorted by start, as columns: node, run (None in a map batch),
+    run-id prefix (in a map batch), item, iteration, worker, start, end, status, cached."""
     records, batches = trace.columns()
     done = [r for r in records
             if r.kind == "node" and r.started_at is not None and r.status in ("complete", "error")]
-    col = {name: list(map(attrgetter(f), done)) for name, f in _RECORD_COLUMNS.items()}
-    col["prefix"] = [None] * len(done)
-    col["worker"] = [w or "driver" for w in map(attrgetter("worker"), done)]
-    col["end"] = [s + (d or 0.0) / 1000.0
-                  for s, d in zip(col["start"], map(attrgetter("duration_ms"), done))]
-    col["cached"] = list(map(bool, map(attrgetter("cached"), done)))
-    for event in batches:
-        for part in event.parts:
-            n, (starts, ends) = len(part.items), event.wall_times(part)
-            for name, values in (
-                    ("node", repeat(part.node_id, n)), ("run", repeat(None, n)),
-                    ("prefix", repeat(event.run_id, n)), ("iteration", repeat(0, n)),
-                    ("item", map(add, part.items, repeat(event.offset))), ("start", starts),
-                    ("worker", repeat(event.worker or "driver", n)), ("end", ends),
-                    ("status", repeat("complete", n)), ("cached", repeat(part.cached, n))):
-                col[name].extend(values)
-    start = col["start"]
+    cols = [[r.node_id for r in done], [r.run_id for r in done], [None] * len(done),
+            [r.item_index for r in done], [r.iteration for r in done],
+            [r.worker or "driver" for r in done], [r.started_at for r in done],
+            [r.started_at + (r.duration_ms or 0.0) / 1000.0 for r in done],
+            [r.status for r in done], [bool(r.cached) for r in done]]
+    for ev in batches:  # map batches read as columns
+        for part in ev.parts:
+            n = len(part.items)
+            for col, values in zip(cols, (
+                    repeat(part.node_id, n), repeat(None, n), repeat(ev.run_id, n),
+                    map(add, part.items, repeat(ev.offset)), repeat(0, n),
+                    repeat(ev.worker or "driver", n), *ev.wall_times(part),
+                    repeat("complete", n), repeat(part.cached, n))):
+                col.extend(values)
+    start = cols[6]
     if not all(map(le, start, islice(start, 1, None))):
         order = sorted(range(len(start)), key=start.__getitem__)
-        col = {name: _pick(order, values) for name, values in col.items()}
-    return col
+        cols = [_pick(order, col) for col in cols]
+    return cols
 
 
 _TOUCH = 1e-6
@@ -158,10 +151,9 @@ _TOUCH = 1e-6
 
 def _assign_lanes(which: list[int], starts: list[float], ends: list[float], lane: list[int],
                   base: int, most: int) -> int:
-    """Put executions ``which`` (sorted by start) of one worker on lanes ``base..``: an
-    execution takes the lane that freed first, or a new one while fewer than ``most``.
-    Returns how many lanes were used. Overlaps under ``_TOUCH`` are rounding, not
-    concurrency (wall-clock seconds near 1.8e9 are floats spaced ~0.24 us apart)."""
+    """Put executions ``which`` (sorted by start) of one worker on lanes ``base..``: each on
+    the lane that freed first, or a new one while fewer than ``most``; returns how many.
+    Overlaps under ``_TOUCH`` are rounding (wall-clock floats are ~0.24 us apart)."""
     last = list(accumulate(_pick(which, ends), max))
     if all(map(le, last, map(add, islice(_pick(which, starts), 1, None), repeat(_TOUCH)))):
         for k in which:  # one after the other: one lane
@@ -178,10 +170,6 @@ def _assign_lanes(which: list[int], starts: list[float], ends: list[float], lane
         heapq.heappush(free, (max(ends[k], start), sub))
         lane[k] = base + sub
     return used
-
-
-def _class(status: str, cached: bool) -> str:
-    return "error" if status == "error" else ("cached" if cached else "ran")
 
 
 def _pick(which: list[int], column: list[Any]) -> list[Any]:
@@ -221,11 +209,9 @@ def _png(tl: Timeline, path: Path, title: str | None, width: float) -> Path:
                        facecolors=_ERROR if cls == "error" else colors[node],
                        alpha=0.35 if cls == "cached" else 0.95,
                        hatch="///" if cls == "cached" else None, edgecolor="none")
-    ax.set_yticks(range(n_lanes))
-    ax.set_yticklabels(list(tl.lanes) or ["-"], fontsize=8)
-    ax.set_ylim(n_lanes - 0.5, -0.5)
-    ax.set_xlim(0, span * 1.01)
-    ax.set_xlabel("seconds since the first execution started")
+    ax.set_yticks(range(n_lanes), labels=list(tl.lanes) or ["-"], fontsize=8)
+    ax.set(ylim=(n_lanes - 0.5, -0.5), xlim=(0, span * 1.01),
+           xlabel="seconds since the first execution started")
     ax.set_title(_title(tl, title), fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     handles = [Patch(facecolor=colors[n], label=n) for n in tl.nodes]
