@@ -1,23 +1,14 @@
 """Execution trace: a pure reducer from the events of any engine to an execution graph.
 
-``reduce_event(trace, event) -> trace`` never changes ``trace``; reducing the same events
-from ``empty()`` always gives an equal trace. The graph it builds has
-
-- one ``TraceNode`` per node execution, id ``"{run_id}:{node_id}:{iteration}"``; one per run
-  (id ``run_id``) and one per map call (id ``"map:{run prefix}"``);
-- edges ``Edge(src, dst, kind)``: ``"seq"`` from a run to its first execution and from each
-  execution to the next one of the same run (arrival order), ``"map"`` from a map to each
-  item run, ``"nested"`` from the nesting execution (or, when the events do not tell which,
-  the parent run) to each inner run (events with ``parent_run_id``);
-- a status per execution derived from its lifecycle (``pending`` -> ``running`` ->
-  ``complete`` | ``error`` | ``interrupted`` | ``skipped``), streaming chunks appended to
-  the execution that produced them, gate decisions, attempts, worker and timing.
-
-A plain map batch (``BatchEvent``: top-level runs, node columns only) stays columns:
-``summary`` and ``timeline`` read them, records are built when something reads them.
-Modules: ``records`` (the vertex types), ``fold`` (events -> records), ``log`` (the
-immutable ``Trace``: an append-only event log and its memoised fold), ``collector``,
-``views`` (``summary``, ``dag``) and ``timeline`` (PNG / self-contained HTML).
+``reduce_event(trace, event) -> trace`` never changes ``trace``; the same events always give
+an equal trace. Vertices (``TraceNode``): one per node execution (id
+``"{run_id}:{node_id}:{iteration}"``), per run (``run_id``) and per map (``"map:{prefix}"``).
+``Edge`` s: ``"seq"`` from a run to its first execution and on to the next (arrival order),
+``"map"`` from a map to each item run, ``"nested"`` from the nesting execution (else the
+parent run) to each inner run. Executions carry their status (``pending`` -> ``running`` ->
+``complete`` | ``error`` | ``interrupted`` | ``skipped``), streamed chunks, gate decision,
+attempts, worker and timing. Plain map batches stay columns: ``summary`` and ``timeline``
+read them, records are built when read.
 """
 
 from .collector import TraceCollector

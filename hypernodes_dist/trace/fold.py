@@ -20,10 +20,9 @@ _OPEN = frozenset({"pending", "running", "interrupted"})
 
 class Fold:
     """The records, edges and deferred map batches of the first ``n`` events of a log.
-    Records are stored as tuples of their fields (the garbage collector skips tuples of plain
-    values: 10^5 objects would cost a full pass); an event edits ``TraceNode`` s, stored back
-    by ``commit``. A fold changes until ``pinned`` (records handed out), then is copied.
-    The ``_on_*`` methods fold one event each (``handler``)."""
+    Records are kept as tuples of their fields (the garbage collector skips tuples of plain
+    values, not 10^5 objects); an event edits ``TraceNode`` s that ``commit`` stores back.
+    A fold changes until ``pinned`` (records handed out), then is copied."""
 
     __slots__ = ("nodes", "edges", "latest", "batches", "n", "work", "streams", "pinned")
 
@@ -43,21 +42,23 @@ class Fold:
         for entry in entries:
             if type(entry) is E.BatchEvent and _columnar(entry):
                 self.batches.append(entry)  # stays columns until the records are read
-                continue
-            if self.batches:
-                self.fold_batches()
-            if type(entry) is E.BatchEvent:
-                self._on_batch(entry)
             else:
-                self._replay(entry)
-            self.commit()
+                self.fold_batches()
+                self._fold(entry)
         self.n += len(entries)
 
     def fold_batches(self) -> None:
         batches, self.batches = self.batches, []
         for event in batches:
-            self._on_batch(event)
-            self.commit()
+            self._fold(event)
+
+    def _fold(self, entry: Any) -> None:
+        if type(entry) is E.BatchEvent:
+            self._on_batch(entry)
+        else:  # a kept event: the handlers read it like the event
+            make, fold = _REPLAY[entry[0]]
+            fold(self, make(entry[1]))
+        self.commit()
 
     def columns(self) -> tuple[list[TraceNode], list[E.BatchEvent]]:
         """Records and deferred batches: every vertex (overlapping batches folded first)."""
@@ -80,12 +81,6 @@ class Fold:
         work = self.work
         self.nodes.update(zip(work, map(values, work.values())))
         work.clear()
-
-    def _replay(self, entry: tuple[int, tuple[Any, ...]]) -> None:
-        make, fold = _REPLAY[entry[0]]
-        fold(self, make(entry[1]))  # a handler reads a kept event like the event
-
-    # -- runs and executions (each returns the record to edit) ------------------------------
 
     def _run(self, run_id: str, session: str, item: int | None, parent: str | None,
              mid: str = "") -> TraceNode:
@@ -154,18 +149,10 @@ class Fold:
             self.streams.add(rec.id)
         return rec.chunks  # type: ignore[return-value]
 
-    # -- handlers -----------------------------------------------------------------------------
-
     def _on_node_start(self, ev: E.NodeStartEvent) -> None:
-        tid = f"{ev.run_id}:{ev.node_id}:{ev.iteration}"
-        if tid not in self.nodes:  # the usual case: create it running, in one step
-            self._add(TraceNode(tid, "node", ev.run_id, ev.node_id, ev.iteration, "running",
-                                ev.session_id, ev.item_index, ev.parent_run_id, ev.node_type,
-                                ev.step_index, ev.timestamp, attempts=1, tags=ev.tags))
-            return
-        rec = self.edit(tid)
-        # a re-start counts as an attempt; a placeholder (pending) is this very attempt
-        rec.attempts = rec.attempts + 1 if rec.status != "pending" else max(rec.attempts, 1)
+        rec = self._execution(ev, ev.iteration)
+        # a re-start counts as an attempt; a new or placeholder (pending) record is this one
+        rec.attempts = max(rec.attempts, 1) if rec.status == "pending" else rec.attempts + 1
         rec.status, rec.node_type, rec.step_index = "running", ev.node_type, ev.step_index
         rec.started_at = ev.timestamp
 
@@ -242,8 +229,8 @@ class Fold:
         for part in ev.parts:
             if type(part) is E.NodeColumns:
                 self._fold_columns(ev, part, runs)
-            else:  # a kept event
-                self._replay(part)
+            else:
+                self._fold(part)
         for i, run_id in enumerate(runs):
             error = ev.errors.get(i)
             self._end_run(self.edit(run_id), "error" if error else "complete", error,
@@ -306,8 +293,6 @@ def _disjoint(batches: list[E.BatchEvent], nodes: Mapping[str, Any]) -> bool:
     return not nodes or not any(f"{b.run_id}{b.offset + i}" in nodes
                                 for b in batches for i in range(b.n))
 
-
-# -- what the log keeps of an event -----------------------------------------------------------
 
 _VALUES = ("inputs", "outputs", "final_value", "value", "response_value", "state", "operations")
 _SHAPES: dict[type, tuple[int, Callable[[Any], tuple[Any, ...]], bool]] = {}

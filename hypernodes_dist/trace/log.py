@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import starmap
 from typing import Any
 
 from hypernodes_dist.events import BatchEvent, Event
@@ -45,12 +44,11 @@ class Trace:
 
     @property
     def nodes(self) -> Mapping[str, TraceNode]:
-        """Vertices by id, in creation order (read-only)."""
+        """Vertices by id, in creation order."""
         return _Nodes(self._fold(pin=True).nodes)
 
     @property
     def edges(self) -> tuple[Edge, ...]:
-        """Edges in creation order."""
         return tuple(map(Edge._make, self._fold(pin=True).edges))
 
     def children(self, node_id: str) -> list[str]:
@@ -63,12 +61,10 @@ class Trace:
         return self.of_kind("run")
 
     def executions(self, run_id: str | None = None) -> list[TraceNode]:
-        found = self.of_kind("node")
-        return found if run_id is None else [n for n in found if n.run_id == run_id]
+        return [n for n in self.of_kind("node") if run_id is None or n.run_id == run_id]
 
     def columns(self) -> tuple[list[TraceNode], list[BatchEvent]]:
-        """(records, map batches) that together are every vertex: projections read the
-        batches as columns instead of building their records."""
+        """(records, map batches): every vertex, batches left as columns for projections."""
         with self._log.lock:
             return self._fold().columns()
 
@@ -91,12 +87,11 @@ class Trace:
         return _restore, (*self._content(), self._n)
 
     def _content(self) -> tuple[list[tuple[str, str, str]], dict[str, Any], dict[Any, str]]:
-        """(edges, records, latest executions): what equality and pickles see."""
-        with self._log.lock:
+        with self._log.lock:  # (edges, records, latest executions)
             fold = self._fold(records=True)
             return fold.edges[:], dict(fold.nodes), dict(fold.latest)
 
-    def _extended(self, events: list[Event]) -> Trace:
+    def _extended(self, events: list[Any]) -> Trace:
         log, n = self._log, self._n
         with log.lock:
             if n == log.base.n + len(log.events):  # the newest version: append in place
@@ -106,9 +101,8 @@ class Trace:
         return Trace(_Log(log.base, prefix + events), n + len(events))  # a new lineage
 
     def _fold(self, records: bool = False, pin: bool = False) -> Fold:
-        """This version's fold: the log's memo moved forward to it, or its own. ``records``:
-        with its map batches folded; ``pin``: its records are handed out, so it never changes
-        again (the next version folds on a copy)."""
+        """This version's fold: the memo moved forward to it, or its own; ``records``: with
+        batches folded; ``pin``: records handed out, the fold never changes again."""
         log, n = self._log, self._n
         with log.lock:
             fold = self._own
@@ -129,10 +123,8 @@ class Trace:
 
 
 class _Nodes(Mapping[str, TraceNode]):
-    """A pinned fold's records, as ``TraceNode`` s."""
-
     def __init__(self, records: dict[str, tuple[Any, ...]]) -> None:
-        self._records = records
+        self._records = records  # a pinned fold's
 
     def __getitem__(self, key: str) -> TraceNode:
         return TraceNode(*self._records[key])
@@ -142,9 +134,6 @@ class _Nodes(Mapping[str, TraceNode]):
 
     def __len__(self) -> int:
         return len(self._records)
-
-    def values(self) -> list[TraceNode]:  # type: ignore[override]
-        return list(starmap(TraceNode, self._records.values()))
 
 
 def _restore(edges: list[tuple[str, str, str]], nodes: dict[str, tuple[Any, ...]],

@@ -13,8 +13,7 @@ __all__ = ["TraceNode", "Edge", "Chunks", "values"]
 
 @dataclass(slots=True)
 class TraceNode:
-    """One vertex of the trace: a node execution, a run, or a map call. A snapshot: read it,
-    do not change it (the trace shares it with later versions)."""
+    """One vertex of the trace: a node execution, a run, or a map call (a snapshot)."""
 
     id: str
     kind: str  # "node" | "run" | "map"
@@ -41,17 +40,15 @@ class TraceNode:
 
     @property
     def ended_at(self) -> float | None:
-        if self.started_at is None or self.duration_ms is None:
-            return None
-        return self.started_at + self.duration_ms / 1000.0
+        done = self.started_at is not None and self.duration_ms is not None
+        return self.started_at + self.duration_ms / 1000.0 if done else None  # type: ignore[operator]
 
     @property
     def retries(self) -> int:
         return max(0, self.attempts - 1)
 
 
-values = attrgetter(*(f.name for f in fields(TraceNode)))
-"""``values(record)``: its fields as a tuple, in order (read at C speed: to compare, pickle)."""
+values = attrgetter(*(f.name for f in fields(TraceNode)))  # a record's fields, as a tuple
 
 
 class Edge(NamedTuple):

@@ -82,10 +82,69 @@ class Timeline:
         return out
 
     def to_png(self, path: str | Path, *, title: str | None = None, width: float = 12.0) -> Path:
-        return _png(self, Path(path), title, width)
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+            from matplotlib.patches import Patch
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("a PNG timeline needs matplotlib: pip install "
+                              "'hypernodes-dist[viz]' (HTML needs nothing)") from exc
+        colors, n_lanes, span = self._colors(), max(1, len(self.lanes)), max(self.duration, 1e-6)
+        fig, ax = plt.subplots(figsize=(width, min(40.0, max(2.8, 0.32 * n_lanes + 1.8))), dpi=100)
+        resolution = span / (width * 100)  # about one pixel
+        for lane, node, cls, start, end, _count in self.blocks(resolution):
+            ax.broken_barh([(start - self.t0, max(end - start, resolution * 1.5))], (lane - 0.4, 0.8),
+                           facecolors=_ERROR if cls == "error" else colors[node], edgecolor="none",
+                           alpha=_ALPHA[cls], hatch="///" if cls == "cached" else None)
+        ax.set_yticks(range(n_lanes), labels=list(self.lanes) or ["-"], fontsize=8)
+        ax.set(ylim=(n_lanes - 0.5, -0.5), xlim=(0, span * 1.01),
+               xlabel="seconds since the first execution started")
+        ax.set_title(self._title(title), fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(handles=[Patch(facecolor=c, alpha=a, label=n, hatch="///" if a < 0.5 else None)
+                           for n, c, a in self._legend()],
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        fig.tight_layout()
+        (path := Path(path)).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+        plt.close(fig)
+        return path
 
     def to_svg(self, *, width: int = 1200, title: str | None = None) -> str:
-        return _svg(self, width, title)
+        colors, esc = self._colors(), html.escape
+        label_w, lane_h, top, legend_w = 190, 18, 34, 150
+        plot_w, n_lanes = max(200, width - label_w - legend_w - 20), max(1, len(self.lanes))
+        span = max(self.duration, 1e-6)
+        scale, axis_y = plot_w / span, top + n_lanes * lane_h
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{axis_y + 40}" '
+               f'font-family="sans-serif" font-size="11">',
+               f'<text x="8" y="18" font-size="13" font-weight="bold">{esc(self._title(title))}</text>']
+        for i, lane in enumerate(self.lanes):
+            y = top + i * lane_h
+            out.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{lane_h}" '
+                       f'fill="{"#f6f6f6" if i % 2 == 0 else "#ffffff"}"/>'
+                       f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{esc(lane)}</text>')
+        for lane, node, cls, start, end, count in self.blocks(1.0 / scale):
+            tip = (f"{node} ({cls}) x{count}: {start - self.t0:.6f}s - {end - self.t0:.6f}s "
+                   f"on {self.lanes[lane]}")
+            out.append(f'<rect x="{label_w + (start - self.t0) * scale:.2f}" y="{top + lane * lane_h + 2}" '
+                       f'width="{max((end - start) * scale, 1.0):.2f}" height="{lane_h - 4}" '
+                       f'fill="{_ERROR if cls == "error" else colors[node]}" '
+                       f'fill-opacity="{_ALPHA[cls]}">'
+                       f"<title>{esc(tip)}</title></rect>")
+        for k in range(6):
+            x = label_w + plot_w * k / 5
+            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y}" stroke="#ccc"/>'
+                       f'<text x="{x:.1f}" y="{axis_y + 14}" text-anchor="middle">'
+                       f"{span * k / 5:.3f}s</text>")
+        for i, (name, color, opacity) in enumerate(self._legend()):
+            x, y = label_w + plot_w + 16, top + i * 16
+            out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}" '
+                       f'fill-opacity="{opacity}"/><text x="{x + 16}" y="{y + 10}">{esc(name)}</text>')
+        out.append("</svg>")
+        return "\n".join(out)
 
     def to_html(self, path: str | Path, *, title: str | None = None,
                 stats: dict[str, NodeStats] | None = None) -> Path:
@@ -103,6 +162,17 @@ class Timeline:
 
     def __repr__(self) -> str:
         return f"Timeline({len(self)} executions, {len(self.lanes)} lanes, {self.duration:.3f} s)"
+
+    def _colors(self) -> dict[str, str]:
+        return {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(self.nodes)}
+
+    def _legend(self) -> list[tuple[str, str, float]]:  # (name, color, opacity)
+        return [(n, c, 0.95) for n, c in self._colors().items()] + [
+            ("cache hit", "#999999", 0.4), ("error", _ERROR, 0.95)]
+
+    def _title(self, title: str | None) -> str:
+        return (f"{title or 'hypernodes-dist timeline'}: {len(self)} executions, "
+                f"{len(self.workers)} worker(s), {self.duration:.3f} s")
 
 
 def timeline(trace: Trace, *, max_lanes_per_worker: int = 32) -> Timeline:
@@ -179,85 +249,4 @@ def _pick(which: list[int], column: list[Any]) -> list[Any]:
 
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
             "#ff9da7", "#bab0ac", "#86bcb6", "#8cd17d", "#d4a6c8")
-_ERROR = "#d62728"
-
-
-def _colors(tl: Timeline) -> dict[str, str]:
-    return {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(tl.nodes)}
-
-
-def _title(tl: Timeline, title: str | None) -> str:
-    return (f"{title or 'hypernodes-dist timeline'}: {len(tl)} executions, "
-            f"{len(tl.workers)} worker(s), {tl.duration:.3f} s")
-
-
-def _png(tl: Timeline, path: Path, title: str | None, width: float) -> Path:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("a PNG timeline needs matplotlib: pip install 'hypernodes-dist[viz]' "
-                          "(the HTML timeline needs nothing)") from exc
-    colors, n_lanes, span = _colors(tl), max(1, len(tl.lanes)), max(tl.duration, 1e-6)
-    fig, ax = plt.subplots(figsize=(width, min(40.0, max(2.8, 0.32 * n_lanes + 1.8))), dpi=100)
-    resolution = span / (width * 100)  # about one pixel
-    for lane, node, cls, start, end, _count in tl.blocks(resolution):
-        ax.broken_barh([(start - tl.t0, max(end - start, resolution * 1.5))], (lane - 0.4, 0.8),
-                       facecolors=_ERROR if cls == "error" else colors[node],
-                       alpha=0.35 if cls == "cached" else 0.95,
-                       hatch="///" if cls == "cached" else None, edgecolor="none")
-    ax.set_yticks(range(n_lanes), labels=list(tl.lanes) or ["-"], fontsize=8)
-    ax.set(ylim=(n_lanes - 0.5, -0.5), xlim=(0, span * 1.01),
-           xlabel="seconds since the first execution started")
-    ax.set_title(_title(tl, title), fontsize=10)
-    ax.grid(axis="x", alpha=0.3)
-    handles = [Patch(facecolor=colors[n], label=n) for n in tl.nodes]
-    handles += [Patch(facecolor="#999999", alpha=0.35, hatch="///", label="cache hit"),
-                Patch(facecolor=_ERROR, label="error")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-              frameon=False)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def _svg(tl: Timeline, width: int, title: str | None) -> str:
-    colors, esc = _colors(tl), html.escape
-    label_w, lane_h, top, legend_w = 190, 18, 34, 150
-    plot_w, n_lanes = max(200, width - label_w - legend_w - 20), max(1, len(tl.lanes))
-    span = max(tl.duration, 1e-6)
-    scale, axis_y = plot_w / span, top + n_lanes * lane_h
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{axis_y + 40}" '
-           f'font-family="sans-serif" font-size="11">',
-           f'<text x="8" y="18" font-size="13" font-weight="bold">{esc(_title(tl, title))}</text>']
-    for i, lane in enumerate(tl.lanes):
-        y = top + i * lane_h
-        out.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{lane_h}" '
-                   f'fill="{"#f6f6f6" if i % 2 == 0 else "#ffffff"}"/>'
-                   f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{esc(lane)}</text>')
-    for lane, node, cls, start, end, count in tl.blocks(1.0 / scale):
-        tip = (f"{node} ({cls}) x{count}: {start - tl.t0:.6f}s - {end - tl.t0:.6f}s "
-               f"on {tl.lanes[lane]}")
-        out.append(f'<rect x="{label_w + (start - tl.t0) * scale:.2f}" y="{top + lane * lane_h + 2}" '
-                   f'width="{max((end - start) * scale, 1.0):.2f}" height="{lane_h - 4}" '
-                   f'fill="{_ERROR if cls == "error" else colors[node]}" '
-                   f'fill-opacity="{"0.4" if cls == "cached" else "0.95"}">'
-                   f"<title>{esc(tip)}</title></rect>")
-    for k in range(6):
-        x = label_w + plot_w * k / 5
-        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y}" stroke="#ccc"/>'
-                   f'<text x="{x:.1f}" y="{axis_y + 14}" text-anchor="middle">'
-                   f"{span * k / 5:.3f}s</text>")
-    legend = [(n, colors[n], "0.95") for n in tl.nodes]
-    for i, (name, color, opacity) in enumerate(
-            [*legend, ("cache hit", "#999999", "0.4"), ("error", _ERROR, "0.95")]):
-        x, y = label_w + plot_w + 16, top + i * 16
-        out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}" '
-                   f'fill-opacity="{opacity}"/><text x="{x + 16}" y="{y + 10}">{esc(name)}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+_ALPHA, _ERROR = {"ran": 0.95, "cached": 0.4, "error": 0.95}, "#d62728"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from .log import Trace
 from .records import Edge, TraceNode
@@ -29,39 +30,33 @@ class NodeStats:
     total_ms: float
 
 
-def _percentile(ordered: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (0.0 when empty)."""
-    return float(ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]) if ordered else 0.0
+_SLOT = {"complete": 0, "error": 2, "skipped": 4}
 
 
 def summary(trace: Trace) -> dict[str, NodeStats]:
     """Per graph node: executions, cache hits, errors, retries, p50/p95/max duration."""
     records, batches = trace.columns()
-    acc: dict[str, list] = {}  # name -> [ran, cached, errors, retries, skipped, durations]
-    for r in records:
+    acc: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, []])
+    for r in records:  # acc[node]: ran, cached, errors, retries, skipped, durations
         if r.kind == "node":
-            a = acc.get(r.node_id) or acc.setdefault(r.node_id, [0, 0, 0, 0, 0, []])
+            a = acc[r.node_id]
             a[3] += max(0, r.attempts - 1)
-            if r.status == "error":
-                a[2] += 1
-            elif r.status == "skipped":
-                a[4] += 1
-            elif r.status == "complete":
-                a[1 if r.cached else 0] += 1
-                if not r.cached and r.duration_ms is not None:
-                    a[5].append(r.duration_ms)
+            if r.status == "complete" and not r.cached and r.duration_ms is not None:
+                a[5].append(r.duration_ms)
+            if r.status in _SLOT:  # complete (ran or cached), error or skipped
+                a[_SLOT[r.status] + (r.status == "complete" and r.cached)] += 1
     for event in batches:  # map batches read as columns: complete, one attempt each
         for part in event.parts:
-            a = acc.get(part.node_id) or acc.setdefault(part.node_id, [0, 0, 0, 0, 0, []])
+            a = acc[part.node_id]
             a[1 if part.cached else 0] += len(part.items)
-            if not part.cached:
-                a[5].extend(event.durations(part))
+            a[5].extend([] if part.cached else event.durations(part))
     out = {}
     for name, (ran, cached, errors, retries, skipped, durations) in acc.items():
         durations.sort()
+        pick = [float(durations[max(1, math.ceil(q * len(durations))) - 1]) if durations
+                else 0.0 for q in (0.5, 0.95)]  # nearest rank
         out[name] = NodeStats(name, ran + cached + errors, ran, cached, errors, retries, skipped,
-                              _percentile(durations, 50), _percentile(durations, 95),
-                              float(durations[-1]) if durations else 0.0, float(sum(durations)))
+                              *pick, float(max(durations, default=0.0)), float(sum(durations)))
     return out
 
 
@@ -104,12 +99,9 @@ def _label(n: TraceNode) -> str:
 
 def dag(trace: Trace) -> DagLayout:
     """The trace graph laid out in layers: x = depth, y = rank within the layer."""
-    edges = trace.edges
-    depth: dict[str, int] = {}
+    edges, depth, rank, laid = trace.edges, {}, {}, []
     for src, dst, _kind in edges:  # a vertex's edges arrive after its source exists
         depth[dst] = max(depth.get(dst, 0), depth.get(src, 0) + 1)
-    rank: dict[int, int] = {}
-    laid = []
     for n in trace.nodes.values():
         x = depth.get(n.id, 0)
         rank[x] = rank.get(x, 0) + 1
