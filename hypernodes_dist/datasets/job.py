@@ -9,6 +9,7 @@ return a ``PartReport`` -- counts, not rows -- to the driver.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,14 +75,20 @@ class PartTask:
             data: dict[str, Any] | None = None) -> PartReport:
         """Compute and write one part (``step``: items per executor call; ``data``: rows
         already read, e.g. a Dask partition)."""
+        table, report = self.build(part, step, writes, data)
+        self.out.write_part(part.index, table)
+        return report
+
+    def build(self, part: Part, step: int | None = None, writes: Any = None,
+              data: dict[str, Any] | None = None) -> tuple[pa.Table, PartReport]:
+        """One part's output table (read and computed, not written yet) and its report."""
         data = part.read(self.read_columns) if data is None else data
         values = {name: _pylist(data[col]) for name, col in self.mapping.items()}
         report = PartReport(part.index, part.offset, part.n, worker=worker_id())
         computed = self.compute(part.offset, part.n, values, report, step, writes)
         arrays = [_keep_array(f, data[f.name]) if f.name in self.keep else computed[f.name]
                   for f in self.schema]
-        self.out.write_part(part.index, pa.Table.from_arrays(arrays, schema=self.schema))
-        return report
+        return pa.Table.from_arrays(arrays, schema=self.schema), report
 
     def compute(self, offset: int, n: int, values: dict[str, list[Any]], report: PartReport,
                 step: int | None = None, writes: Any = None) -> dict[str, pa.Array]:
@@ -154,6 +161,11 @@ class OutputTypeError(TypeError):
     """An output value that does not fit its column's Arrow type."""
 
 
+def _write(out: ParquetDataset, index: int, table: pa.Table, report: PartReport) -> PartReport:
+    out.write_part(index, table)
+    return report
+
+
 def _pylist(values: Any) -> list[Any]:
     return values if isinstance(values, list) else values.to_pylist()
 
@@ -189,13 +201,22 @@ class DatasetJob:
                  concurrency: int | None = None) -> None:
         """Run the pending parts one after another in this process, sharing one cache write
         buffer (the local engine, and engines without a dataset pipeline of their own);
-        ``step`` items per executor call, at most ``concurrency`` async calls in flight."""
+        ``step`` items per executor call, at most ``concurrency`` async calls in flight.
+        A helper thread writes each part's file while the next part is computed (pyarrow's
+        writer releases the GIL), so at most two parts are held at once."""
         task = self.task
         if concurrency is not None and task.settings.concurrency is None:
             task = replace(task, settings=replace(task.settings, concurrency=concurrency))
-        with batch_writes(self.settings.cache, None) as writes:
+        with batch_writes(self.settings.cache, None) as writes, \
+                ThreadPoolExecutor(1, thread_name_prefix="hn-write") as writer:
+            writing: Future[PartReport] | None = None
             for part in self.pending():
-                report(task.run(part, step, writes))
+                table, done = task.build(part, step, writes)
+                if writing is not None:
+                    report(writing.result())
+                writing = writer.submit(_write, task.out, part.index, table, done)
+            if writing is not None:
+                report(writing.result())
 
     def pending(self) -> Iterator[Part]:
         """The parts without an output file, in order (streamed: a stream source is read
