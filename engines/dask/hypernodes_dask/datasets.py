@@ -15,8 +15,11 @@ part's Parquet file and returns a ``PartReport`` (counts, not rows).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 from collections.abc import Callable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
 from typing import Any
 
@@ -25,13 +28,14 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
-from hypernodes_dist.errors import portable
+from hypernodes_dist.errors import NodeError, portable
 
 from .compile import Shipment, UnpicklableError, write_shipment
 
 __all__ = ["run_dataset_distributed", "run_dataset_local", "check_workers_see"]
 
 Report = Callable[[PartReport], None]
+PART_KEY = "hn-dataset-part"
 
 
 def _ship(task: PartTask, where: str) -> tuple[bytes, str]:
@@ -100,22 +104,39 @@ def run_dataset_local(engine: Any, job: DatasetJob, report: Report) -> None:
     else:
         shared = job.task
     outputs: set[Any] = set()
+    running: set[Any] = set()
+
+    def pretask(key: Any, _dsk: Any, _state: Any) -> None:
+        running.add(key)
 
     def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
+        running.discard(key)
         if key in outputs:
             report(result)
 
-    callbacks = [*Callback.active, (None, None, None, posttask, None)]
-    for dsk, keys in _graphs(engine, job, shared):
-        outputs.clear()
-        outputs.update(keys)
-        if engine._processes is not None:
-            dask.multiprocessing.get(dsk, keys, pool=engine._processes.pool(),
-                                     optimize_graph=False, chunksize=1, callbacks=callbacks)
-        elif engine.scheduler == "threads":
-            dask.threaded.get(dsk, keys, num_workers=engine.num_workers, callbacks=callbacks)
-        else:
-            dask.local.get_sync(dsk, keys, callbacks=callbacks)
+    callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
+    try:
+        for dsk, keys in _graphs(engine, job, shared):
+            outputs.clear()
+            outputs.update(keys)
+            if engine._processes is not None:
+                dask.multiprocessing.get(dsk, keys, pool=engine._processes.pool(),
+                                         optimize_graph=False, chunksize=1, callbacks=callbacks)
+            elif engine.scheduler == "threads":
+                dask.threaded.get(dsk, keys, num_workers=engine.num_workers,
+                                  callbacks=callbacks)
+            else:
+                dask.local.get_sync(dsk, keys, callbacks=callbacks)
+    except BrokenProcessPool as exc:  # a worker died (signal, os._exit, out of memory)
+        parts = sorted(k[1] for k in running if isinstance(k, tuple) and k[0] == PART_KEY)
+        raise NodeError(
+            f"a Dask worker process died running part(s) {parts} of the dataset map (killed, "
+            "os._exit, segfault or out of memory); every part already written is kept: "
+            "rerun the same map to continue", "BrokenProcessPool") from exc
+    finally:
+        if isinstance(shared, Shipment) and shared.path:
+            with contextlib.suppress(OSError):
+                os.unlink(shared.path)
 
 
 def _graphs(engine: Any, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, list]]:
@@ -128,7 +149,7 @@ def _graphs(engine: Any, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, l
         dsk[skey] = DataNode(skey, shared)
         keys = []
         for part in _dask_parts(job, engine):
-            key = ("hn-dataset-part", part.index)
+            key = (PART_KEY, part.index)
             dsk[key] = Task(key, run_part, TaskRef(skey), part, TaskRef(delayed[part.index].key))
             keys.append(key)
         yield dsk, keys
@@ -137,7 +158,7 @@ def _graphs(engine: Any, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, l
         dsk = {skey: DataNode(skey, shared)}
         keys = []
         for part in window:
-            key = ("hn-dataset-part", part.index)
+            key = (PART_KEY, part.index)
             dsk[key] = Task(key, run_part, TaskRef(skey), part)
             keys.append(key)
         yield dsk, keys
