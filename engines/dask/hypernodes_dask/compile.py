@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import sys
 import threading
 import uuid
 from collections import OrderedDict
@@ -39,6 +40,7 @@ from typing import Any
 import cloudpickle
 from dask.task_spec import DataNode, Task, TaskRef
 
+from hypernodes_dist.engines.kit import flow_tasks
 from hypernodes_dist.errors import portable
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, MapJob
@@ -186,11 +188,43 @@ def run_partition(shared: Payload | Shipment, offset: int, n: int,
         columns = pickle.loads(columns)
     chunk = Chunk(offset, n, columns, payload.broadcast)
     try:
+        if payload.plan.flows and _distributed_worker() is not None:
+            return _seceded(payload.plan, chunk, payload.settings)
         return execute_batch(payload.plan, chunk, payload.settings)
     except Exception as exc:
         if remote:  # the error crosses a process boundary: make sure it pickles
             raise portable(exc) from None
         raise
+
+
+_FLOWING: list[threading.Semaphore] = []  # this process's slots for flowing partitions
+_FLOWING_LOCK = threading.Lock()
+
+
+def _distributed_worker() -> Any:
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import get_worker
+
+    try:
+        return get_worker()
+    except ValueError:
+        return None
+
+
+def _seceded(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
+    """A partition of a plan whose items flow, on a ``distributed`` worker: it takes one of
+    the process's flow slots (``kit.flow_tasks`` of its threads), then leaves the worker's
+    thread pool (``secede``), so the worker starts its next partition while this one's
+    items wait: one partition ending with its slowest item does not idle the worker."""
+    from distributed import secede
+
+    with _FLOWING_LOCK:
+        if not _FLOWING:
+            _FLOWING.append(threading.Semaphore(flow_tasks(_distributed_worker().state.nthreads)))
+    with _FLOWING[0]:
+        secede()
+        return execute_batch(plan, chunk, settings)
 
 
 # ------------------------------------------------------------------ the graph
