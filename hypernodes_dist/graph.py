@@ -273,7 +273,7 @@ class Graph:
         return run_map(
             self.plan,
             self.engine,
-            inputs or {},
+            inputs,  # type: ignore[arg-type]  (None: a TypeError naming what to pass)
             map_over,  # type: ignore[arg-type]
             map_mode=map_mode,
             session_id=session_id,

@@ -124,7 +124,7 @@ class ItemFlow(Columnar):
                 PARENT.reset(nested)
         self.last = (t0, time.perf_counter())
         if key is not None and self.writes is not None:
-            self.writes.add(key, value)
+            self.writes.add(key, value, node.name)
         self._store(node, {i: value}, RAN)
 
     def _kwargs(self, node: HyperNode, i: int) -> dict[str, Any]:
