@@ -161,3 +161,14 @@ def test_run_and_map_compute_the_same_keys(engine, tmp_path, graph, inputs):
 
 def graph_node(nodes, name):
     return next(n for n in nodes if n.name == name)
+
+
+def test_async_plan_is_cached_and_warm_rerun_is_all_hits(engine, tmp_path):
+    """Async plans take the item-flow path: their calls reach the cache like sync ones."""
+    cache = DiskCache(tmp_path / "c")
+    inputs = {"x": list(range(30))}
+    cold = Graph(G.ASYNC, engine=engine, cache=cache).map(inputs, map_over="x")
+    ends = Ends()
+    warm = Graph(G.ASYNC, engine=engine, cache=cache, callbacks=[ends]).map(inputs, map_over="x")
+    assert [r["total"] for r in warm] == [r["total"] for r in cold] == [x * 11 + 1 for x in range(30)]
+    assert len(ends.events) == 90 and all(e.cached for e in ends.events)
