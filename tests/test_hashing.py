@@ -343,3 +343,11 @@ def test_hash_code_without_source() -> None:
 
 def test_functions_as_values_hash_by_code() -> None:
     assert hash_value(_make(2)) == hash_value(_make(2)) != hash_value(_make(3))
+
+
+def test_hash_column_equals_hash_value_per_value() -> None:
+    from hypernodes_dist.cache.hashing import hash_column
+
+    for column in ([0, 1, -5, 2**70], ["a", "é", "", "x" * 1000], ["a", "\ud800"],
+                   [1, True, 1.0, "1", None], [], [(1,), [1], {1}]):
+        assert hash_column(column) == [hash_value(v) for v in column]

@@ -125,6 +125,20 @@ def hash_value(value: object) -> str:
         raise UnhashableValueError(f"{_qualname(t)} is nested too deeply to hash") from None
 
 
+def hash_column(values: Sequence[Any]) -> list[str]:
+    """``hash_value`` of every value: a column of exact ``int`` or ``str`` values hashes at C
+    speed (no Python call per value), anything else value by value."""
+    kinds = set(map(type, values))
+    if kinds == {int}:
+        return list(map(xxh3_128_hexdigest, map(b"i%x".__mod__, values)))
+    if kinds == {str}:
+        try:
+            return list(map(xxh3_128_hexdigest, map(b"s".__add__, map(str.encode, values))))
+        except UnicodeEncodeError:  # lone surrogates: the per-value path handles them
+            pass
+    return list(map(hash_value, values))
+
+
 def combine(*parts: str) -> str:
     """Order-sensitive hash of several ids (length-prefixed, so no two part lists collide)."""
     h = xxh3_128(b"C")

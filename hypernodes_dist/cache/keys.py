@@ -19,6 +19,7 @@ from hypernodes_dist.cache.hashing import (
     UnhashableValueError,
     chain_id,
     chain_ids,
+    hash_column,
     hash_value,
     key_from,
     key_prefix,
@@ -134,7 +135,7 @@ class Keys:
         """``input_id`` of a column of values at C speed; ``None`` if one is unhashable
         (the caller then goes item by item to fail only that item)."""
         try:
-            return list(map(hash_value, values))
+            return hash_column(values)
         except UnhashableValueError:
             return None
 

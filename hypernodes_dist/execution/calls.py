@@ -28,7 +28,7 @@ from hypernodes_dist.plan import MISSING
 
 __all__ = ["ColumnCalls", "Clock", "PERSIST_SLICE", "Persist"]
 
-PERSIST_SLICE = 1024  # at most this many cacheable sync calls between two hand-overs
+PERSIST_SLICE = 64  # at most this many cacheable sync calls between two hand-overs
 # the slice size a node reached in its last batch (slices still halve as soon as one is slow)
 _SLICES: weakref.WeakKeyDictionary[HyperNode, int] = weakref.WeakKeyDictionary()
 Persist = Callable[[Sequence[int], Sequence[Any]], None]

@@ -100,7 +100,8 @@ class Columnar(ColumnCalls):
                 found = self._lookup(node, need)
                 hits[name] = found
                 self.looked_up.add(name)
-                run = [i for i in need if i not in found]
+                if found:
+                    run = [i for i in need if i not in found]
             for p in node.params:
                 if p in plan.producers:
                     requested.setdefault(p, set()).update(run)
@@ -180,8 +181,13 @@ class Columnar(ColumnCalls):
 
     def _lookup(self, node: HyperNode, items: Sequence[int]) -> dict[int, Any]:
         node_keys = self.node_keys[node.name]
-        wanted = [node_keys[i] for i in items]
+        if type(items) is range and items.step == 1:
+            wanted = node_keys[items.start:items.stop]
+        else:
+            wanted = [node_keys[i] for i in items]
         found = self.cache.get_many(wanted, node.name)
+        if not found:  # a cold batch: no Python work per item
+            return {}
         return {i: found[k] for i, k in zip(items, wanted) if k in found}
 
     def _todo(self, node: HyperNode, hits: dict[int, Any] | None) -> Sequence[int]:

@@ -182,7 +182,7 @@ class ItemFlow(Columnar):
             return found.pop(i, MISSING)
         if not key:
             return MISSING
-        return self.cache.get_many([key]).get(key, MISSING)
+        return self.cache.get_many([key], node.name).get(key, MISSING)
 
     # -- events ----------------------------------------------------------------
     def _node_columns(self, node: HyperNode, items: Any, code: int) -> None:
