@@ -140,3 +140,59 @@ def test_a_cancelled_waiter_gives_its_unit_on(limits_dir):
     while (slots.leasing or slots.sem.value() != 1) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert slots.sem.value() == 1
+
+
+class _Remote:
+    """A backend semaphore whose every operation would be a network round trip."""
+
+    remote = True
+
+    def __init__(self, n: int) -> None:
+        self.units = threading.Semaphore(n)
+        self.value = n
+        self.callers: set[str] = set()
+
+    def _op(self, delta: int) -> None:
+        self.callers.add(threading.current_thread().name)
+        self.value += delta
+
+    def try_take(self) -> bool:
+        if self.units.acquire(blocking=False):
+            self._op(-1)
+            return True
+        return False
+
+    def take(self, timeout: float) -> bool:
+        if self.units.acquire(timeout=timeout):
+            self._op(-1)
+            return True
+        return False
+
+    def give(self) -> None:
+        self._op(1)
+        self.units.release()
+
+
+def test_a_remote_backend_is_called_off_the_calls_path_and_gets_its_units_back():
+    sem = _Remote(3)
+    slots = Slots(sem)
+    running, peak = [0], [0]
+
+    async def call() -> None:
+        await slots.acquire(blocking=False)
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.001)
+        running[0] -= 1
+        slots.release()
+
+    async def main() -> None:
+        await asyncio.gather(*(call() for _ in range(200)))
+
+    asyncio.run(main())
+    assert peak[0] == 3 and running[0] == 0
+    assert sem.callers == {"hn-limit-lease"}  # never the event loop's thread
+    deadline = time.monotonic() + 30  # idle units go back after LINGER
+    while (slots.leasing or sem.value != 3) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sem.value == 3 and slots.free == 0

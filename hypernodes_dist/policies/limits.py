@@ -34,6 +34,7 @@ from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 __all__ = ["Slots", "Rate", "register_backend", "backend", "limiter", "MAX_RATE_BLOCK"]
 
 MAX_RATE_BLOCK = 64  # start times one rate reservation may take at most
+LINGER = 0.05  # seconds a remote backend's idle unit stays with the process
 
 
 class _Waiter:
@@ -71,26 +72,40 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 
 
 class Slots:
-    """The units of one concurrency limit held by this process, and its waiting calls."""
+    """The units of one concurrency limit held by this process, and its waiting calls.
+
+    A ``remote`` backend (each operation a network round trip, e.g. a cluster scheduler)
+    is only ever called from the lease thread, never from a call's path: a unit nobody
+    waits for stays with the process for ``LINGER`` seconds (the next call takes it at no
+    cost) before the lease thread returns it; its blocking ``take(timeout)`` gives up
+    after ``LINGER`` so the thread can return idle units (one round trip per ``LINGER``
+    per process while calls wait, whatever their number).
+    """
 
     def __init__(self, semaphore: Any) -> None:
         self.sem = semaphore
+        self.remote = bool(getattr(semaphore, "remote", False))
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         self.waiters: deque[_Waiter] = deque()
         self.leasing = False
+        self.free = 0  # remote only: units held, unused
+        self.idle_since: float | None = None
         self.backend_ops = 0  # operations on the shared backend (diagnostics, tests)
 
     async def acquire(self, blocking: bool) -> float:
         """Take a unit; returns the seconds waited. ``blocking``: wait without a loop."""
         with self.lock:
-            if not self.waiters:
+            if self.free:
+                self.free -= 1
+                return 0.0
+            if not self.waiters and not self.remote:
                 self.backend_ops += 1
                 if self.sem.try_take():
                     return 0.0
             waiter = _Waiter(blocking)
             self.waiters.append(waiter)
-            start = not self.leasing
-            self.leasing = True
+            start = self._wake()
         if start:
             threading.Thread(target=self._lease, daemon=True, name="hn-limit-lease").start()
         t0 = time.perf_counter()
@@ -104,6 +119,14 @@ class Slots:
                 raise
         return time.perf_counter() - t0
 
+    def _wake(self) -> bool:
+        """(Lock held.) Tell the lease thread; True when one must be started."""
+        if self.leasing:
+            self.changed.notify()
+            return False
+        self.leasing = True
+        return True
+
     def _leave(self, waiter: _Waiter) -> None:
         with self.lock:
             granted = waiter.granted
@@ -114,39 +137,70 @@ class Slots:
     def release(self) -> None:
         """Return a unit: to the first waiting call, else to the backend."""
         with self.lock:
-            waiters = self.waiters
-            while waiters:
-                if waiters.popleft().grant():
-                    return
-            self.backend_ops += 1
-            self.sem.give()
+            if self._grant():
+                return
+            if not self.remote:
+                self.backend_ops += 1
+                self.sem.give()
+                return
+            self.free += 1
+            start = self._wake()
+        if start:
+            threading.Thread(target=self._lease, daemon=True, name="hn-limit-lease").start()
+
+    def _grant(self) -> bool:
+        """(Lock held.) Give a unit to the first waiting call, if any."""
+        waiters = self.waiters
+        while waiters:
+            if waiters.popleft().grant():
+                return True
+        return False
 
     def _lease(self) -> None:
-        """While calls wait: take units from the backend (sleeping there) and pass them on."""
+        """While calls wait: take units from the backend (sleeping there) and pass them on;
+        remote backends: give back the units left idle for ``LINGER`` seconds."""
         sem = self.sem
         while True:
             with self.lock:
+                idle = 0
                 if not self.waiters:
-                    self.leasing = False
-                    return
+                    if not self.free:
+                        self.leasing, self.idle_since = False, None
+                        return
+                    now = time.monotonic()
+                    self.idle_since = self.idle_since or now
+                    if now - self.idle_since < LINGER:
+                        self.changed.wait(LINGER - (now - self.idle_since))
+                        continue
+                    idle, self.free, self.idle_since = self.free, 0, None
+            if idle:
+                for _ in range(idle):
+                    self.backend_ops += 1
+                    sem.give()
+                continue
             self.backend_ops += 1
-            sem.take()
+            if self.remote:  # its units may all be idle here: look again every LINGER
+                if not sem.take(LINGER):
+                    continue
+            else:
+                sem.take()
             self._hand_over()
             while True:  # a block: whatever else is free now, for the calls still waiting
                 with self.lock:
                     if not self.waiters:
                         break
-                    self.backend_ops += 1
-                    if not sem.try_take():
-                        break
+                self.backend_ops += 1
+                if not sem.try_take():
+                    break
                 self._hand_over()
 
     def _hand_over(self) -> None:
         with self.lock:
-            waiters = self.waiters
-            while waiters:
-                if waiters.popleft().grant():
-                    return
+            if self._grant():
+                return
+            if self.remote:
+                self.free += 1
+                return
             self.backend_ops += 1
             self.sem.give()
 
@@ -197,7 +251,8 @@ def register_backend(probe: Callable[[], Any]) -> None:
     """Register ``probe() -> backend | None``; the first backend a probe returns is used.
 
     A backend has ``name``, ``directory`` (its identity), ``semaphore(key, n)`` (an object
-    with ``try_take() -> bool``, blocking ``take()`` and ``give()``) and
+    with ``try_take() -> bool``, blocking ``take()`` and ``give()``; with ``remote = True``,
+    ``take(timeout) -> bool``) and
     ``rate(key, count, per)`` (``interval`` seconds and ``reserve(k) -> first start``, the
     wall-clock time of the first of ``k`` starts spaced ``interval`` apart).
     """

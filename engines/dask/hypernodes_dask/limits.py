@@ -31,6 +31,8 @@ __all__ = ["DistributedLimits", "probe"]
 
 
 class _Semaphore:
+    remote = True  # each operation is a scheduler round trip: the core calls it off the path
+
     def __init__(self, key: str, n: int) -> None:
         from distributed import Semaphore
 
@@ -39,8 +41,8 @@ class _Semaphore:
     def try_take(self) -> bool:
         return bool(self.sem.acquire(timeout=0))
 
-    def take(self) -> None:
-        self.sem.acquire()
+    def take(self, timeout: float) -> bool:
+        return bool(self.sem.acquire(timeout=timeout))
 
     def give(self) -> None:
         self.sem.release()
