@@ -11,14 +11,9 @@ attempts, worker and timing. Plain map batches stay columns: ``summary`` and ``t
 read them, records are built when read.
 """
 
-from .collector import TraceCollector
-from .log import Trace, empty, reduce_event, reduce_events
+from .log import Trace, TraceCollector, empty, reduce_event, reduce_events
 from .records import Chunks, Edge, TraceNode
-from .timeline import Span, Timeline, timeline
-from .views import DagLayout, LaidOutNode, NodeStats, dag, format_summary, summary
+from .views import dag, format_summary, summary, timeline  # their types: in ``views``
 
-__all__ = [
-    "Trace", "TraceNode", "Edge", "Chunks", "TraceCollector", "empty", "reduce_event",
-    "reduce_events", "summary", "format_summary", "NodeStats", "timeline", "Timeline",
-    "Span", "dag", "DagLayout", "LaidOutNode",
-]
+__all__ = ["Trace", "TraceNode", "Edge", "Chunks", "TraceCollector", "empty", "reduce_event",
+           "reduce_events", "summary", "format_summary", "timeline", "dag"]

@@ -57,7 +57,8 @@ class Fold:
             self._on_batch(entry)
         else:  # a kept event: the handlers read it like the event
             make, fold = _REPLAY[entry[0]]
-            fold(self, make(entry[1]))
+            if fold is not None and (ev := make(entry[1])).run_id:
+                fold(self, ev)
         self.commit()
 
     def columns(self) -> tuple[list[TraceNode], list[E.BatchEvent]]:
@@ -299,15 +300,18 @@ _SHAPES: dict[type, tuple[int, Callable[[Any], tuple[Any, ...]], bool]] = {}
 _REPLAY: list[tuple[Callable[[Any], Any], Any]] = []  # code -> (event-like from fields, handler)
 
 
-def kept(event: E.Event) -> Any:
+def kept(event: Any) -> Any:
     """``event`` as the log keeps it: (code, fields) without the values the trace never
     reads (inputs, outputs...), errors as text: a trace keeps nothing of a run alive."""
+    if type(event) is tuple:
+        return event  # kept already
+    if type(event) is E.NodeColumns:
+        return replace(event, outputs={}) if event.outputs else event
     if type(event) is E.BatchEvent:
-        parts = [_kept_part(p) for p in event.parts]
+        parts = [kept(p) for p in event.parts]
         if all(map(is_, parts, event.parts)) and all(type(e) is str for e in event.errors.values()):
             return event  # nothing to drop (already dropped by the collector)
-        return replace(event, parts=[p for p in parts if p is not None],
-                       errors={i: _err(e) for i, e in event.errors.items()})
+        return replace(event, parts=parts, errors={i: _err(e) for i, e in event.errors.items()})
     code, get, has_error = _SHAPES.get(type(event)) or _shape(type(event))
     found = get(event)
     return code, (*found[:-1], _err(found[-1])) if has_error else found
@@ -320,14 +324,6 @@ def _shape(cls: type) -> tuple[int, Callable[[Any], tuple[Any, ...]], bool]:
     _REPLAY.append((namedtuple(cls.__name__, names)._make, handler(cls)))  # type: ignore[misc]
     shape = _SHAPES[cls] = (len(_REPLAY) - 1, attrgetter(*names), has_error)
     return shape
-
-
-def _kept_part(part: Any) -> Any:
-    if type(part) is E.NodeColumns:
-        return replace(part, outputs={}) if part.outputs else part
-    if type(part) is tuple:
-        return part  # kept already
-    return kept(part) if part.run_id and handler(type(part)) is not None else None
 
 
 _HANDLERS: dict[type, Callable[[Fold, Any], None] | None] = {

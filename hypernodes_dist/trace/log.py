@@ -1,4 +1,5 @@
-"""The trace value: the first ``n`` events of an append-only log, read through a memoised fold.
+"""The trace value: the first ``n`` events of an append-only log, read through a memoised
+fold; and ``TraceCollector``, the callback that builds one.
 
 ``reduce_events`` appends to the log when the trace is its newest version (O(1)), else
 starts a new log from a copy of the prefix: a trace never changes. A log keeps one fold
@@ -17,7 +18,7 @@ from hypernodes_dist.events import BatchEvent, Event
 from .fold import Fold, handler, kept
 from .records import Edge, TraceNode
 
-__all__ = ["Trace", "empty", "reduce_event", "reduce_events"]
+__all__ = ["Trace", "TraceCollector", "empty", "reduce_event", "reduce_events"]
 
 
 class _Log:
@@ -155,3 +156,31 @@ def reduce_events(trace: Trace, events: Iterable[Event]) -> Trace:
     """``reduce_event`` over ``events`` in order, in one step (same result, less overhead)."""
     new = [kept(e) for e in events if e.run_id and handler(type(e)) is not None]
     return trace._extended(new) if new else trace  # others (state snapshots...) change nothing
+
+
+class TraceCollector:
+    """``Graph(nodes, callbacks=[TraceCollector()])``; then ``collector.trace`` is the trace
+    of everything the graph ran (``map`` items from any engine included). Events are
+    reduced ``batch`` at a time, and whenever ``trace`` is read."""
+
+    def __init__(self, trace: Trace | None = None, batch: int = 4096) -> None:
+        self._trace = trace if trace is not None else empty()
+        self._pending: list[Event] = []
+        self._batch = batch
+        self._lock = threading.Lock()
+
+    @property
+    def trace(self) -> Trace:
+        with self._lock:
+            if self._pending:
+                self._trace, self._pending = reduce_events(self._trace, self._pending), []
+            return self._trace
+
+    def on_event(self, event: Event) -> None:
+        self._pending.append(event)
+        if len(self._pending) >= self._batch:
+            self.trace  # noqa: B018 - reduce the buffer
+
+    def on_batch(self, event: BatchEvent) -> None:
+        """A map batch in columns: kept as columns (without its values) until read."""
+        self._pending.append(kept(event))
