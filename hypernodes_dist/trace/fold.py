@@ -10,10 +10,9 @@ from operator import attrgetter, is_
 from typing import Any
 
 from hypernodes_dist import events as E
+from hypernodes_dist.events import hook_name
 
 from .records import Chunks, TraceNode, values
-
-__all__ = ["Fold", "kept", "handler"]
 
 _OPEN = frozenset({"pending", "running", "interrupted"})
 
@@ -23,7 +22,6 @@ class Fold:
     Records are kept as tuples of their fields (the garbage collector skips tuples of plain
     values, not 10^5 objects); an event edits ``TraceNode`` s that ``commit`` stores back.
     A fold changes until ``pinned`` (records handed out), then is copied."""
-
     __slots__ = ("nodes", "edges", "latest", "batches", "n", "work", "streams", "pinned")
 
     def __init__(self, nodes: dict[str, tuple[Any, ...]], edges: list[tuple[str, str, str]],
@@ -168,22 +166,27 @@ class Fold:
         else:
             rec.status, rec.cached, rec.attempts = "complete", ev.cached, rec.attempts or 1
 
-    def _on_skipped(self, ev: E.NodeSkippedEvent) -> None:
+    _on_node_error = _on_node_end
+
+    def _on_node_skipped(self, ev: E.NodeSkippedEvent) -> None:
         rec = self._execution(ev)
         if rec.status == "pending":
             rec.status, rec.error = "skipped", ev.reason or None
 
-    def _on_decision(self, ev: E.GateDecisionEvent) -> None:
+    def _on_gate_decision(self, ev: E.GateDecisionEvent) -> None:
         self._execution(ev).decision = ev.decision
 
-    def _on_stream_start(self, ev: E.StreamingStartEvent) -> None:
+    def _on_streaming_start(self, ev: E.StreamingStartEvent) -> None:
         rec = self._execution(ev)
         rec.status = "running" if rec.status == "pending" else rec.status
         rec.started_at = rec.started_at or ev.timestamp
         self._chunks(rec)
 
-    def _on_chunk(self, ev: E.StreamingChunkEvent) -> None:
+    def _on_streaming_chunk(self, ev: E.StreamingChunkEvent) -> None:
         self._chunks(self._execution(ev)).append(ev.chunk)
+
+    def _on_streaming_end(self, ev: E.StreamingEndEvent) -> None:
+        self._execution(ev)
 
     def _on_interrupt(self, ev: E.InterruptEvent) -> None:
         rec = self._execution(ev)
@@ -326,19 +329,13 @@ def _shape(cls: type) -> tuple[int, Callable[[Any], tuple[Any, ...]], bool]:
     return shape
 
 
-_HANDLERS: dict[type, Callable[[Fold, Any], None] | None] = {
-    E.NodeStartEvent: Fold._on_node_start, E.NodeEndEvent: Fold._on_node_end,
-    E.NodeErrorEvent: Fold._on_node_end, E.NodeSkippedEvent: Fold._on_skipped,
-    E.GateDecisionEvent: Fold._on_decision, E.StreamingStartEvent: Fold._on_stream_start,
-    E.StreamingChunkEvent: Fold._on_chunk, E.StreamingEndEvent: Fold._execution,
-    E.InterruptEvent: Fold._on_interrupt, E.ResumeEvent: Fold._on_resume,
-    E.PolicyEvent: Fold._on_policy, E.RunStartEvent: Fold._on_run_start,
-    E.RunEndEvent: Fold._on_run_end, E.BatchEvent: Fold._on_batch,
-}
+_HANDLERS: dict[type, Callable[[Fold, Any], None] | None] = {}
 
 
 def handler(cls: type) -> Callable[[Fold, Any], None] | None:
-    """How an event of type ``cls`` is folded (None: it does not change the trace)."""
+    """How an event of type ``cls`` is folded: ``Fold._on_<event>`` like a callback's hook
+    (None: it does not change the trace)."""
     if cls not in _HANDLERS:
-        _HANDLERS[cls] = next((_HANDLERS[c] for c in cls.__mro__ if c in _HANDLERS), None)
+        _HANDLERS[cls] = next((found for c in cls.__mro__
+                               if (found := getattr(Fold, f"_{hook_name(c)}", None))), None)
     return _HANDLERS[cls]

@@ -1,11 +1,7 @@
-"""The trace value: the first ``n`` events of an append-only log, read through a memoised
-fold; and ``TraceCollector``, the callback that builds one.
-
-``reduce_events`` appends to the log when the trace is its newest version (O(1)), else
-starts a new log from a copy of the prefix: a trace never changes. A log keeps one fold
-(its memo) that reading a newer version moves forward; an older version read after the
-memo went past it folds its own, once. The log keeps events without their values (``kept``).
-"""
+"""The trace value (and ``TraceCollector``): the first ``n`` events of an append-only log.
+``reduce_events`` appends when the trace is the log's newest version, else copies the prefix
+to a new log: a trace never changes. Reading folds the events (``Fold``), memoised per log:
+an older version read after the memo went past it folds its own, once."""
 
 from __future__ import annotations
 
@@ -18,8 +14,6 @@ from hypernodes_dist.events import BatchEvent, Event
 from .fold import Fold, handler, kept
 from .records import Edge, TraceNode
 
-__all__ = ["Trace", "TraceCollector", "empty", "reduce_event", "reduce_events"]
-
 
 class _Log:
     def __init__(self, base: Fold, events: list[Any]) -> None:
@@ -31,7 +25,6 @@ class _Log:
 class Trace:
     """An immutable execution trace (see ``hypernodes_dist.trace``); build it with
     ``reduce_event``. Equal traces have equal records and edges."""
-
     __slots__ = ("_log", "_n", "_own")
 
     def __init__(self, log: _Log, n: int) -> None:
@@ -55,14 +48,12 @@ class Trace:
     def children(self, node_id: str) -> list[str]:
         return [e[1] for e in self.edges if e[0] == node_id]
 
-    def of_kind(self, kind: str) -> list[TraceNode]:  # "node", "run" or "map"
-        return [r for r in self.nodes.values() if r.kind == kind]
-
     def runs(self) -> list[TraceNode]:
-        return self.of_kind("run")
+        return [r for r in self.nodes.values() if r.kind == "run"]
 
     def executions(self, run_id: str | None = None) -> list[TraceNode]:
-        return [n for n in self.of_kind("node") if run_id is None or n.run_id == run_id]
+        return [r for r in self.nodes.values()
+                if r.kind == "node" and (run_id is None or r.run_id == run_id)]
 
     def columns(self) -> tuple[list[TraceNode], list[BatchEvent]]:
         """(records, map batches): every vertex, batches left as columns for projections."""
@@ -106,16 +97,14 @@ class Trace:
         batches folded; ``pin``: records handed out, the fold never changes again."""
         log, n = self._log, self._n
         with log.lock:
-            fold = self._own
+            fold = self._own or log.memo
             if fold is None:
-                fold = log.memo
-                if fold is None:
-                    fold = log.memo = log.base.copy()
-                elif fold.n > n:  # the memo went past this version: it folds its own, once
-                    fold = self._own = log.base.copy()
-                elif fold.pinned and fold.n < n:  # pinned by an older version
-                    fold = log.memo = fold.copy()
-                fold.apply(log.events[fold.n - log.base.n: n - log.base.n])
+                fold = log.memo = log.base.copy()
+            elif fold.n > n:  # the memo went past this version: it folds its own, once
+                fold = self._own = log.base.copy()
+            elif fold.pinned and fold.n < n:  # pinned by an older version
+                fold = log.memo = fold.copy()
+            fold.apply(log.events[fold.n - log.base.n: n - log.base.n])
             if records or pin:
                 fold.fold_batches()
             if pin:
@@ -159,9 +148,8 @@ def reduce_events(trace: Trace, events: Iterable[Event]) -> Trace:
 
 
 class TraceCollector:
-    """``Graph(nodes, callbacks=[TraceCollector()])``; then ``collector.trace`` is the trace
-    of everything the graph ran (``map`` items from any engine included). Events are
-    reduced ``batch`` at a time, and whenever ``trace`` is read."""
+    """``Graph(nodes, callbacks=[TraceCollector()])``: ``collector.trace`` is then the trace of
+    all it ran (maps on any engine included); events are reduced ``batch`` at a time."""
 
     def __init__(self, trace: Trace | None = None, batch: int = 4096) -> None:
         self._trace = trace if trace is not None else empty()

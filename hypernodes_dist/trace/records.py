@@ -8,13 +8,10 @@ from typing import Any, NamedTuple
 
 from hypernodes_dist.execution.invoke import join_chunks
 
-__all__ = ["TraceNode", "Edge", "Chunks", "values"]
-
 
 @dataclass(slots=True)
 class TraceNode:
     """One vertex of the trace: a node execution, a run, or a map call (a snapshot)."""
-
     id: str
     kind: str  # "node" | "run" | "map"
     run_id: str = ""

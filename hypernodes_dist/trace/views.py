@@ -17,14 +17,10 @@ from typing import Any
 from .log import Trace
 from .records import Edge, TraceNode
 
-__all__ = ["NodeStats", "summary", "format_summary", "Span", "Timeline", "timeline",
-           "LaidOutNode", "DagLayout", "dag"]
-
 
 @dataclass(frozen=True)
 class NodeStats:
     """What one graph node did across every run of a trace (durations of real runs, ms)."""
-
     node: str
     executions: int  # finished executions: ran + cache hits + errors
     ran: int
@@ -36,9 +32,6 @@ class NodeStats:
     p95_ms: float
     max_ms: float
     total_ms: float
-
-
-_SLOT = {"complete": 0, "error": 2, "skipped": 4}
 
 
 def summary(trace: Trace) -> dict[str, NodeStats]:
@@ -82,7 +75,6 @@ def format_summary(stats: dict[str, NodeStats]) -> str:
 @dataclass(frozen=True)
 class Span:
     """One node execution on the timeline (seconds since the epoch)."""
-
     node_id: str
     run_id: str
     item_index: int | None
@@ -98,7 +90,6 @@ class Span:
 class Timeline:
     """Executions sorted by start, on lanes: one per worker, split where executions
     overlap. Stored as columns; ``spans`` builds the ``Span`` objects on first use."""
-
     def __init__(self, cols: list[list[Any]], lane: list[int], lanes: tuple[str, ...],
                  workers: tuple[str, ...]) -> None:
         self._cols, self._lane, self.lanes, self.workers = cols, lane, lanes, workers
@@ -221,9 +212,6 @@ class Timeline:
             "</body></html>\n", encoding="utf-8")
         return path
 
-    def __repr__(self) -> str:
-        return f"Timeline({len(self)} executions, {len(self.lanes)} lanes, {self.duration:.3f} s)"
-
     def _colors(self) -> dict[str, str]:
         return {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(self.nodes)}
 
@@ -277,14 +265,10 @@ def _columns(trace: Trace) -> list[list[Any]]:
     return cols
 
 
-_TOUCH = 1e-6
-
-
 def _assign_lanes(which: list[int], starts: list[float], ends: list[float], lane: list[int],
                   base: int, most: int) -> int:
     """Put executions ``which`` (sorted by start) of one worker on lanes ``base..``: each on
-    the lane that freed first, or a new one while fewer than ``most``; returns how many.
-    Overlaps under ``_TOUCH`` are rounding (wall-clock floats are ~0.24 us apart)."""
+    the lane that freed first, or a new one while fewer than ``most``; returns how many."""
     last = list(accumulate(_pick(which, ends), max))
     if all(map(le, last, map(add, islice(_pick(which, starts), 1, None), repeat(_TOUCH)))):
         for k in which:  # one after the other: one lane
@@ -311,6 +295,8 @@ def _pick(which: list[int], column: list[Any]) -> list[Any]:
 _PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
             "#ff9da7", "#bab0ac", "#86bcb6", "#8cd17d", "#d4a6c8")
 _ALPHA, _ERROR = {"ran": 0.95, "cached": 0.4, "error": 0.95}, "#d62728"
+_SLOT = {"complete": 0, "error": 2, "skipped": 4}  # summary: its counter of a status
+_TOUCH = 1e-6  # overlaps shorter than this are rounding (floats ~0.24 us apart near 1.8e9)
 
 
 @dataclass(frozen=True)
