@@ -11,8 +11,8 @@ attempts, worker and timing. Plain map batches stay columns: ``summary`` and ``t
 read them, records are built when read.
 """
 
+from .fold import Chunks, Edge, TraceNode
 from .log import Trace, TraceCollector, empty, reduce_event, reduce_events
-from .records import Chunks, Edge, TraceNode
 from .views import dag, format_summary, summary, timeline  # their types: in ``views``
 
 __all__ = ["Trace", "TraceNode", "Edge", "Chunks", "TraceCollector", "empty", "reduce_event",

@@ -1,18 +1,72 @@
-"""The fold: logged events, in order, into a trace's records, edges and deferred batches."""
+"""What a trace is made of (``TraceNode`` vertices, ``Edge`` s, streamed ``Chunks``) and
+the fold that builds them from logged events, in order."""
 
 from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from itertools import starmap
 from operator import attrgetter, is_
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypernodes_dist import events as E
 from hypernodes_dist.events import hook_name
+from hypernodes_dist.execution.invoke import join_chunks
 
-from .records import Chunks, TraceNode, values
+
+@dataclass(slots=True)
+class TraceNode:
+    """One vertex of the trace: a node execution, a run, or a map call (a snapshot)."""
+    id: str
+    kind: str  # "node" | "run" | "map"
+    run_id: str = ""
+    node_id: str = ""  # the graph node's name ("node" vertices)
+    iteration: int = 0
+    status: str = "pending"
+    session_id: str = ""
+    item_index: int | None = None
+    parent_run_id: str | None = None
+    node_type: str = ""
+    step_index: int = -1
+    started_at: float | None = None  # wall clock, seconds
+    duration_ms: float | None = None
+    cached: bool = False
+    worker: str = ""
+    attempts: int = 0
+    error: str | None = None
+    decision: Any = None
+    chunks: Chunks | None = None  # streamed chunks (None: not a streaming execution)
+    tags: tuple[str, ...] = ()
+    items: int = 0  # map: item runs ended so far
+    failed: int = 0  # map: item runs that ended in error
+
+    @property
+    def ended_at(self) -> float | None:
+        done = self.started_at is not None and self.duration_ms is not None
+        return self.started_at + self.duration_ms / 1000.0 if done else None  # type: ignore[operator]
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.attempts - 1)
+
+
+values = attrgetter(*(f.name for f in fields(TraceNode)))  # a record's fields, as a tuple
+
+
+class Edge(NamedTuple):
+    src: str
+    dst: str
+    kind: str  # "seq" | "map" | "nested"
+
+
+class Chunks(list):  # type: ignore[type-arg]
+    """The chunks a streaming execution yielded, in order."""
+
+    def joined(self) -> Any:
+        """The chunks joined like a streaming node's value ("".join, b"".join, merged dicts)."""
+        return join_chunks(list(self))
+
 
 _OPEN = frozenset({"pending", "running", "interrupted"})
 
@@ -185,8 +239,7 @@ class Fold:
     def _on_streaming_chunk(self, ev: E.StreamingChunkEvent) -> None:
         self._chunks(self._execution(ev)).append(ev.chunk)
 
-    def _on_streaming_end(self, ev: E.StreamingEndEvent) -> None:
-        self._execution(ev)
+    _on_streaming_end = _execution
 
     def _on_interrupt(self, ev: E.InterruptEvent) -> None:
         rec = self._execution(ev)
@@ -321,12 +374,10 @@ def kept(event: Any) -> Any:
 
 
 def _shape(cls: type) -> tuple[int, Callable[[Any], tuple[Any, ...]], bool]:
-    names = [f.name for f in fields(cls) if f.name not in _VALUES and f.name != "error"]
-    has_error = any(f.name == "error" for f in fields(cls))
-    names += ["error"] if has_error else []
+    names = sorted((f.name for f in fields(cls) if f.name not in _VALUES), key="error".__eq__)
     _REPLAY.append((namedtuple(cls.__name__, names)._make, handler(cls)))  # type: ignore[misc]
-    shape = _SHAPES[cls] = (len(_REPLAY) - 1, attrgetter(*names), has_error)
-    return shape
+    shape = _SHAPES[cls] = (len(_REPLAY) - 1, attrgetter(*names), names[-1] == "error")
+    return shape  # (code, fields getter, whether the last field is an error)
 
 
 _HANDLERS: dict[type, Callable[[Fold, Any], None] | None] = {}

@@ -11,15 +11,12 @@ from typing import Any
 
 from hypernodes_dist.events import BatchEvent, Event
 
-from .fold import Fold, handler, kept
-from .records import Edge, TraceNode
+from .fold import Edge, Fold, TraceNode, handler, kept
 
 
-class _Log:
+class _Log:  # base: the fold before ``events`` (never changed); memo: the fold of a prefix
     def __init__(self, base: Fold, events: list[Any]) -> None:
-        self.base, self.events = base, events  # base: the fold before ``events``, never changed
-        self.memo: Fold | None = None  # the fold of a prefix, moved forward by reads
-        self.lock = threading.RLock()
+        self.base, self.events, self.memo, self.lock = base, events, None, threading.RLock()
 
 
 class Trace:
@@ -153,9 +150,7 @@ class TraceCollector:
 
     def __init__(self, trace: Trace | None = None, batch: int = 4096) -> None:
         self._trace = trace if trace is not None else empty()
-        self._pending: list[Event] = []
-        self._batch = batch
-        self._lock = threading.Lock()
+        self._pending, self._batch, self._lock = [], batch, threading.Lock()
 
     @property
     def trace(self) -> Trace:

@@ -14,8 +14,8 @@ from operator import add, gt, itemgetter, le
 from pathlib import Path
 from typing import Any
 
+from .fold import Edge, TraceNode
 from .log import Trace
-from .records import Edge, TraceNode
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,8 @@ class Timeline:
                  workers: tuple[str, ...]) -> None:
         self._cols, self._lane, self.lanes, self.workers = cols, lane, lanes, workers
         self.nodes = tuple(dict.fromkeys(cols[0]))
-        self.t0 = cols[6][0] if lane else 0.0
-        self.t1 = max(cols[7], default=self.t0)
+        self.t0, self.t1 = (cols[6][0], max(cols[7])) if lane else (0.0, 0.0)
+        self.duration = self.t1 - self.t0
         self._spans: tuple[Span, ...] | None = None
 
     @property
@@ -109,10 +109,6 @@ class Timeline:
 
     def __len__(self) -> int:
         return len(self._lane)
-
-    @property
-    def duration(self) -> float:
-        return self.t1 - self.t0
 
     def blocks(self, resolution: float) -> list[tuple[int, str, str, float, float, int]]:
         """Executions merged per (lane, node, class) where closer than ``resolution`` s:
@@ -242,13 +238,11 @@ def _columns(trace: Trace) -> list[list[Any]]:
     """Finished executions sorted by start, as columns: node, run (None in a map batch),
     run-id prefix (in a map batch), item, iteration, worker, start, end, status, cached."""
     records, batches = trace.columns()
-    done = [r for r in records
+    rows = [(r.node_id, r.run_id, None, r.item_index, r.iteration, r.worker or "driver",
+             r.started_at, r.started_at + (r.duration_ms or 0.0) / 1000.0, r.status,
+             bool(r.cached)) for r in records
             if r.kind == "node" and r.started_at is not None and r.status in ("complete", "error")]
-    cols = [[r.node_id for r in done], [r.run_id for r in done], [None] * len(done),
-            [r.item_index for r in done], [r.iteration for r in done],
-            [r.worker or "driver" for r in done], [r.started_at for r in done],
-            [r.started_at + (r.duration_ms or 0.0) / 1000.0 for r in done],
-            [r.status for r in done], [bool(r.cached) for r in done]]
+    cols = [list(col) for col in zip(*rows)] if rows else [[] for _ in range(10)]
     for ev in batches:  # map batches read as columns
         for part in ev.parts:
             n = len(part.items)
