@@ -72,10 +72,9 @@ _OPEN = frozenset({"pending", "running", "interrupted"})
 
 
 class Fold:
-    """The records, edges and deferred map batches of the first ``n`` events of a log.
-    Records are kept as tuples of their fields (the garbage collector skips tuples of plain
-    values, not 10^5 objects); an event edits ``TraceNode`` s that ``commit`` stores back.
-    A fold changes until ``pinned`` (records handed out), then is copied."""
+    """The records, edges and deferred map batches of the first ``n`` events of a log. Records
+    are tuples of fields (the garbage collector skips those, not 10^5 objects); an event edits
+    ``TraceNode`` s that ``commit`` stores back. Once ``pinned`` (read), a fold is copied."""
     __slots__ = ("nodes", "edges", "latest", "batches", "n", "work", "streams", "pinned")
 
     def __init__(self, nodes: dict[str, tuple[Any, ...]], edges: list[tuple[str, str, str]],
@@ -220,7 +219,8 @@ class Fold:
         else:
             rec.status, rec.cached, rec.attempts = "complete", ev.cached, rec.attempts or 1
 
-    _on_node_error = _on_node_end
+    _on_node_error = _on_node_end  # an error ends its execution like a node end
+    _on_streaming_end = _execution  # a stream's end only makes sure its execution exists
 
     def _on_node_skipped(self, ev: E.NodeSkippedEvent) -> None:
         rec = self._execution(ev)
@@ -238,8 +238,6 @@ class Fold:
 
     def _on_streaming_chunk(self, ev: E.StreamingChunkEvent) -> None:
         self._chunks(self._execution(ev)).append(ev.chunk)
-
-    _on_streaming_end = _execution
 
     def _on_interrupt(self, ev: E.InterruptEvent) -> None:
         rec = self._execution(ev)
@@ -357,8 +355,7 @@ _REPLAY: list[tuple[Callable[[Any], Any], Any]] = []  # code -> (event-like from
 
 
 def kept(event: Any) -> Any:
-    """``event`` as the log keeps it: (code, fields) without the values the trace never
-    reads (inputs, outputs...), errors as text: a trace keeps nothing of a run alive."""
+    """``event`` as the log keeps it: (code, fields) without values (inputs...), errors as text."""
     if type(event) is tuple:
         return event  # kept already
     if type(event) is E.NodeColumns:

@@ -1,7 +1,6 @@
-"""The trace value (and ``TraceCollector``): the first ``n`` events of an append-only log.
-``reduce_events`` appends when the trace is the log's newest version, else copies the prefix
-to a new log: a trace never changes. Reading folds the events (``Fold``), memoised per log:
-an older version read after the memo went past it folds its own, once."""
+"""The trace value: the first ``n`` events of an append-only log (appended to by its newest
+version, else copied), read through a fold memoised per log: an older version read after
+the memo went past it folds its own, once. And ``TraceCollector``, which builds one."""
 
 from __future__ import annotations
 
@@ -58,9 +57,7 @@ class Trace:
             return self._fold().columns()
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Trace):
-            return NotImplemented
-        return self._content()[:2] == other._content()[:2]
+        return self._content()[:2] == other._content()[:2] if isinstance(other, Trace) else NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
 

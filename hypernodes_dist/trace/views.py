@@ -1,6 +1,5 @@
-"""Projections of a trace (they only read it): ``summary`` per graph node, ``timeline``
-(finished executions on lanes per worker, drawn to PNG with the ``viz`` extra or to
-self-contained HTML, merged at the drawing's resolution) and the ``dag`` layout."""
+"""Projections of a trace: ``summary`` per graph node, ``timeline`` (executions on lanes per
+worker, drawn to PNG (``viz`` extra) or self-contained HTML) and the ``dag`` layout."""
 
 from __future__ import annotations
 
@@ -94,6 +93,7 @@ class Timeline:
                  workers: tuple[str, ...]) -> None:
         self._cols, self._lane, self.lanes, self.workers = cols, lane, lanes, workers
         self.nodes = tuple(dict.fromkeys(cols[0]))
+        self.colors = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(self.nodes)}
         self.t0, self.t1 = (cols[6][0], max(cols[7])) if lane else (0.0, 0.0)
         self.duration = self.t1 - self.t0
         self._spans: tuple[Span, ...] | None = None
@@ -137,9 +137,8 @@ class Timeline:
             import matplotlib.pyplot as plt
             from matplotlib.patches import Patch
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("a PNG timeline needs matplotlib: pip install "
-                              "'hypernodes-dist[viz]' (HTML needs nothing)") from exc
-        colors, n_lanes, span = self._colors(), max(1, len(self.lanes)), max(self.duration, 1e-6)
+            raise ImportError("a PNG timeline needs matplotlib: pip install 'hypernodes-dist[viz]'") from exc
+        colors, n_lanes, span = self.colors, max(1, len(self.lanes)), max(self.duration, 1e-6)
         fig, ax = plt.subplots(figsize=(width, min(40.0, max(2.8, 0.32 * n_lanes + 1.8))), dpi=100)
         resolution = span / (width * 100)  # about one pixel
         for lane, node, cls, start, end, _count in self.blocks(resolution):
@@ -161,7 +160,7 @@ class Timeline:
         return path
 
     def to_svg(self, *, width: int = 1200, title: str | None = None) -> str:
-        colors, esc = self._colors(), html.escape
+        colors, esc = self.colors, html.escape
         label_w, lane_h, top, legend_w = 190, 18, 34, 150
         plot_w, n_lanes = max(200, width - label_w - legend_w - 20), max(1, len(self.lanes))
         span = max(self.duration, 1e-6)
@@ -175,13 +174,11 @@ class Timeline:
                        f'fill="{"#f6f6f6" if i % 2 == 0 else "#ffffff"}"/>'
                        f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{esc(lane)}</text>')
         for lane, node, cls, start, end, count in self.blocks(1.0 / scale):
-            tip = (f"{node} ({cls}) x{count}: {start - self.t0:.6f}s - {end - self.t0:.6f}s "
-                   f"on {self.lanes[lane]}")
+            tip = f"{node} ({cls}) x{count}: {start - self.t0:.6f}s - {end - self.t0:.6f}s"
             out.append(f'<rect x="{label_w + (start - self.t0) * scale:.2f}" y="{top + lane * lane_h + 2}" '
-                       f'width="{max((end - start) * scale, 1.0):.2f}" height="{lane_h - 4}" '
-                       f'fill="{_ERROR if cls == "error" else colors[node]}" '
-                       f'fill-opacity="{_ALPHA[cls]}">'
-                       f"<title>{esc(tip)}</title></rect>")
+                       f'width="{max((end - start) * scale, 1.0):.2f}" height="{lane_h - 4}" fill="'
+                       f'{_ERROR if cls == "error" else colors[node]}" fill-opacity="{_ALPHA[cls]}">'
+                       f"<title>{esc(f'{tip} on {self.lanes[lane]}')}</title></rect>")
         for k in range(6):
             x = label_w + plot_w * k / 5
             out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y}" stroke="#ccc"/>'
@@ -191,28 +188,23 @@ class Timeline:
             x, y = label_w + plot_w + 16, top + i * 16
             out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}" '
                        f'fill-opacity="{opacity}"/><text x="{x + 16}" y="{y + 10}">{esc(name)}</text>')
-        out.append("</svg>")
-        return "\n".join(out)
+        return "\n".join([*out, "</svg>"])
 
     def to_html(self, path: str | Path, *, title: str | None = None,
                 stats: dict[str, NodeStats] | None = None) -> Path:
-        esc = html.escape
-        table = f"<h2>Per node</h2><pre>{esc(format_summary(stats))}</pre>" if stats else ""
+        table = f"<h2>Per node</h2><pre>{html.escape(format_summary(stats))}</pre>" if stats else ""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
             f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>'
-            f"{esc(title or 'hypernodes-dist timeline')}</title><style>body{{font-family:"
+            f"{html.escape(title or 'hypernodes-dist timeline')}</title><style>body{{font-family:"
             "sans-serif;margin:16px}pre{font-size:12px}svg rect:hover{stroke:#000;"
             f"stroke-width:1}}</style></head><body>{self.to_svg(title=title)}{table}"
             "</body></html>\n", encoding="utf-8")
         return path
 
-    def _colors(self) -> dict[str, str]:
-        return {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(self.nodes)}
-
     def _legend(self) -> list[tuple[str, str, float]]:  # (name, color, opacity)
-        return [(n, c, 0.95) for n, c in self._colors().items()] + [
+        return [(n, c, 0.95) for n, c in self.colors.items()] + [
             ("cache hit", "#999999", 0.4), ("error", _ERROR, 0.95)]
 
     def _title(self, title: str | None) -> str:
