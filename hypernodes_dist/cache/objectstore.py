@@ -85,10 +85,14 @@ class _FsStore:
         self.root = root
         self.local = isinstance(fs, pafs.LocalFileSystem) or _fsspec_local(fs)
         self._dirs: set[str] = set()
+        self._paths: dict[tuple[str, str], str] = {}
         self._writer = uuid.uuid4().hex[:16]
 
     def _dir(self, scope: str, node: str) -> str:
-        return f"{self.root}/{scope}/{quote(node, safe='')}"
+        found = self._paths.get((scope, node))
+        if found is None:
+            found = self._paths[(scope, node)] = f"{self.root}/{scope}/{quote(node, safe='')}"
+        return found
 
     def _write(self, path: str, data: bytes) -> None:
         parent = path.rsplit("/", 1)[0]
