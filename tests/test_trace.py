@@ -405,3 +405,6 @@ def test_retries_counted_from_policy_events():
         g.run({"x": 1}) if how == "run" else g.map({"x": [1, 2, 3]}, map_over="x")
         assert all(n.attempts == 2 and n.status == "complete" for n in c.trace.executions())
         assert summary(c.trace)["flaky"].retries == (1 if how == "run" else 3)
+        waited = summary(c.trace)["flaky"].waited_ms  # the back-offs: a wait, not running
+        assert waited == pytest.approx(1.0 if how == "run" else 3.0)
+        assert "waited ms" in format_summary(summary(c.trace))

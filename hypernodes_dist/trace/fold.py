@@ -34,6 +34,7 @@ class TraceNode:
     cached: bool = False
     worker: str = ""
     attempts: int = 0
+    waited_ms: float = 0.0  # slot, rate limit and retry back-off waits (PolicyEvents)
     error: str | None = None
     decision: Any = None
     chunks: Chunks | None = None  # streamed chunks (None: not a streaming execution)
@@ -249,9 +250,11 @@ class Fold:
         rec.status, rec.node_type = "running", "interrupt"
 
     def _on_policy(self, ev: E.PolicyEvent) -> None:
-        if ev.kind == "retry" and ev.node_id:  # attempt ``ev.attempt`` failed; another follows
+        if ev.kind in ("retry", "throttle") and ev.node_id:  # a wait, not running time
             rec = self._execution(ev)
-            rec.attempts = max(rec.attempts, ev.attempt + 1)
+            rec.waited_ms += ev.wait * 1e3
+            if ev.kind == "retry":  # attempt ``ev.attempt`` failed; another follows
+                rec.attempts = max(rec.attempts, ev.attempt + 1)
 
     def _on_run_start(self, ev: E.RunStartEvent) -> None:
         rec = self._run(ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id)
@@ -307,8 +310,8 @@ class Fold:
                     handler(type(event))(self, event)  # type: ignore[misc]
                 continue
             nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
-                          node_type, step, started, duration, cached, worker, 1, None, None, None,
-                          tags, 0, 0)  # values(TraceNode(...)), built directly: the hot path
+                          node_type, step, started, duration, cached, worker, 1, 0.0, None, None,
+                          None, tags, 0, 0)  # values(TraceNode(...)), built directly: hot path
             edges.append((latest.get(run_id, run_id), tid, "seq"))
             latest[run_id] = tid
 

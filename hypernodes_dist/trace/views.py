@@ -31,16 +31,20 @@ class NodeStats:
     p95_ms: float
     max_ms: float
     total_ms: float
+    waited_ms: float = 0.0  # waits of its executions (slots, rate limits, back-offs), total
 
 
 def summary(trace: Trace) -> dict[str, NodeStats]:
-    """Per graph node: executions, cache hits, errors, retries, p50/p95/max duration."""
+    """Per graph node: executions, cache hits, errors, retries, p50/p95/max duration (of the
+    successful attempts: running time) and the time spent waiting (slots, rate limits,
+    retry back-offs)."""
     records, batches = trace.columns()
-    acc: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, []])
-    for r in records:  # acc[node]: ran, cached, errors, retries, skipped, durations
+    acc: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, [], 0.0])
+    for r in records:  # acc[node]: ran, cached, errors, retries, skipped, durations, waits
         if r.kind == "node":
             a = acc[r.node_id]
             a[3] += max(0, r.attempts - 1)
+            a[6] += r.waited_ms
             if r.status == "complete" and not r.cached and r.duration_ms is not None:
                 a[5].append(r.duration_ms)
             if r.status in _SLOT:  # complete (ran or cached), error or skipped
@@ -51,21 +55,23 @@ def summary(trace: Trace) -> dict[str, NodeStats]:
             a[1 if part.cached else 0] += len(part.items)
             a[5].extend([] if part.cached else event.durations(part))
     out = {}
-    for name, (ran, cached, errors, retries, skipped, durations) in acc.items():
+    for name, (ran, cached, errors, retries, skipped, durations, waited) in acc.items():
         durations.sort()
         pick = [float(durations[max(1, math.ceil(q * len(durations))) - 1]) if durations
                 else 0.0 for q in (0.5, 0.95)]  # nearest rank
         out[name] = NodeStats(name, ran + cached + errors, ran, cached, errors, retries, skipped,
-                              *pick, float(max(durations, default=0.0)), float(sum(durations)))
+                              *pick, float(max(durations, default=0.0)), float(sum(durations)),
+                              waited)
     return out
 
 
 def format_summary(stats: dict[str, NodeStats]) -> str:
     """A plain-text table of ``summary(trace)``."""
-    head = ("node", "execs", "ran", "cached", "errors", "retries", "p50 ms", "p95 ms", "max ms")
+    head = ("node", "execs", "ran", "cached", "errors", "retries", "p50 ms", "p95 ms", "max ms",
+            "waited ms")
     rows = [head] + [(s.node, str(s.executions), str(s.ran), str(s.cached), str(s.errors),
-                      str(s.retries), f"{s.p50_ms:.3f}", f"{s.p95_ms:.3f}", f"{s.max_ms:.3f}")
-                     for s in stats.values()]
+                      str(s.retries), f"{s.p50_ms:.3f}", f"{s.p95_ms:.3f}", f"{s.max_ms:.3f}",
+                      f"{s.waited_ms:.1f}") for s in stats.values()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths))) for r in rows)
