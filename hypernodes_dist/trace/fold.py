@@ -252,9 +252,8 @@ class Fold:
     def _on_policy(self, ev: E.PolicyEvent) -> None:
         if ev.kind in ("retry", "throttle") and ev.node_id:  # a wait, not running time
             rec = self._execution(ev)
-            rec.waited_ms += ev.wait * 1e3
-            if ev.kind == "retry":  # attempt ``ev.attempt`` failed; another follows
-                rec.attempts = max(rec.attempts, ev.attempt + 1)
+            rec.waited_ms += ev.wait * 1e3  # a retry: attempt ``ev.attempt`` failed
+            rec.attempts = max(rec.attempts, ev.attempt + (ev.kind == "retry"))
 
     def _on_run_start(self, ev: E.RunStartEvent) -> None:
         rec = self._run(ev.run_id, ev.session_id, ev.item_index, ev.parent_run_id)

@@ -35,9 +35,7 @@ class NodeStats:
 
 
 def summary(trace: Trace) -> dict[str, NodeStats]:
-    """Per graph node: executions, cache hits, errors, retries, p50/p95/max duration (of the
-    successful attempts: running time) and the time spent waiting (slots, rate limits,
-    retry back-offs)."""
+    """Per graph node: executions, hits, errors, retries, p50/p95/max running time, waits."""
     records, batches = trace.columns()
     acc: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, [], 0.0])
     for r in records:  # acc[node]: ran, cached, errors, retries, skipped, durations, waits
@@ -60,8 +58,7 @@ def summary(trace: Trace) -> dict[str, NodeStats]:
         pick = [float(durations[max(1, math.ceil(q * len(durations))) - 1]) if durations
                 else 0.0 for q in (0.5, 0.95)]  # nearest rank
         out[name] = NodeStats(name, ran + cached + errors, ran, cached, errors, retries, skipped,
-                              *pick, float(max(durations, default=0.0)), float(sum(durations)),
-                              waited)
+                              *pick, max(durations, default=0.0), sum(durations), waited)
     return out
 
 
