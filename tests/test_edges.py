@@ -1,0 +1,151 @@
+"""Edge cases of one run (engine-independent): gates and END, empty streams, loops that END,
+cache-hit events, interrupts inside nested graphs, and the ``Graph.map`` docstring."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Literal
+
+import pytest
+
+from hypernodes_dist import DiskCache, Graph, GraphEngine, gate, node
+from hypernodes_dist.errors import GateDecisionError, UnknownTargetError
+from hypernodes_dist.events import InterruptEvent
+from hypernodes_dist.persistence import MemoryCheckpointer
+
+from .conformance import edge_graphs as E
+
+
+class Events:
+    def __init__(self) -> None:
+        self.events: list = []
+
+    def on_event(self, event) -> None:
+        self.events.append(event)
+
+    def kinds(self, node_id: str) -> list[str]:
+        return [type(e).__name__ for e in self.events if getattr(e, "node_id", None) == node_id]
+
+
+# ------------------------------------------------------------------ gates
+
+
+def test_undeclared_end_raises_naming_the_gate_and_its_targets():
+    with pytest.raises(GateDecisionError, match=r"gate 'only_go' returned END.*'go'.*Literal"):
+        Graph(E.UNDECLARED_END).run({"x": 2})
+    assert Graph(E.UNDECLARED_END).run({"x": 1})["went"] == 1
+
+
+def test_the_string_END_in_a_literal_points_to_the_END_constant():
+    @gate
+    def decide(x: int) -> Literal["go", "END"]:
+        return "go"
+
+    with pytest.raises(UnknownTargetError, match=r"'END'.*hypernodes_dist.END"):
+        Graph([decide, E.go])
+
+
+# ------------------------------------------------------------------ streams
+
+
+def test_empty_streams_are_empty_of_their_kind():
+    res = Graph(E.STREAMS).run({"k": 0})
+    assert res["numbers"] == [] and res["text"] == "" and res["sizes"] == (0, 0)
+
+    @node(output_name="chunks")
+    def typed(k: int) -> Iterator[bytes]:
+        yield from (b"x" for _ in range(k))
+
+    @node(output_name="parts")
+    async def merged(k: int) -> AsyncIterator[dict]:
+        for i in range(k):
+            yield {i: i}
+
+    out = Graph([typed, merged]).run({"k": 0})
+    assert out["chunks"] == b"" and out["parts"] == {}
+    assert Graph([typed, merged]).map({"k": [0, 1]}, map_over="k").column("parts") == [{}, {0: 0}]
+
+
+# ------------------------------------------------------------------ loops that END
+
+
+@pytest.mark.parametrize("nodes", [E.LOOP_INCREMENT, E.LOOP_BUMP], ids=["increment", "bump"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_loop_outputs_are_consistent_when_the_gate_ends(nodes, parallel):
+    res = Graph(nodes, engine=GraphEngine(parallel_nodes=parallel)).run({"seed": 0})
+    assert res["count"] == 3 and res["t"] == "t3"
+    order = [h.node_id for h in res.history]
+    assert order[-1] in ("check", "check_bump")  # the gate decides last, on settled values
+    assert order.count("transform") == 4  # on every value of count: 0, 1, 2, 3
+
+
+# ------------------------------------------------------------------ cache hits
+
+
+def test_a_cache_hit_reports_only_its_end_in_run(tmp_path):
+    rec = Events()
+    graph = Graph(E.TIMED, cache=DiskCache(tmp_path / "c"), callbacks=[rec])
+    graph.run({"x": 1})
+    assert rec.kinds("slow") == ["NodeStartEvent", "NodeEndEvent"]
+    rec.events.clear()
+    again = graph.run({"x": 1})
+    assert rec.kinds("slow") == ["NodeEndEvent"] and rec.events[-2].cached
+    assert [h.cached for h in again.history] == [True, True]
+
+
+# ------------------------------------------------------------------ nested interrupts
+
+
+def test_an_interrupt_inside_a_nested_graph_pauses_the_outer_run():
+    rec = Events()
+    graph = Graph(E.OUTER_REVIEW, callbacks=[rec])
+    paused = graph.run({"topic": "ai"})
+    assert paused.status == "interrupted"
+    assert paused.interrupt.name == "approval" and paused.interrupt.value == "approve ai?"
+    assert paused.interrupt.response_param == "answer"
+    assert "report" not in paused
+    outer = [e for e in rec.events if isinstance(e, InterruptEvent) and e.parent_run_id is None]
+    assert [e.interrupt_name for e in outer] == ["approval"]
+    done = paused.resume({"answer": "yes"})
+    assert done.status == "complete" and done["report"] == "AI: YES"
+    assert done.run_id == paused.run_id
+
+
+def test_nested_interrupts_take_handlers_and_up_front_responses():
+    graph = Graph(E.OUTER_REVIEW)
+    assert graph.run({"topic": "x"}, handlers={"approval": str.upper})["report"] == (
+        "X: APPROVE X?")
+    assert graph.run({"topic": "x", "answer": "ok"})["report"] == "X: OK"
+
+    @graph.on_interrupt("approval")
+    def answer(question: str) -> str:
+        return "fine"
+
+    assert graph.run({"topic": "y"})["report"] == "Y: FINE"
+
+
+def test_nested_interrupt_resumes_from_a_checkpointer():
+    graph = Graph(E.OUTER_REVIEW, checkpointer=MemoryCheckpointer())
+    paused = graph.run({"topic": "db"}, session_id="s1")
+    assert paused.interrupted
+    done = graph.run({"answer": "no"}, session_id="s1", resume=True)
+    assert done.status == "complete" and done["report"] == "DB: NO"
+
+
+def test_nested_interrupts_cannot_map():
+    with pytest.raises(TypeError, match=r"review.*approval|approval.*review"):
+        Graph(E.OUTER_REVIEW).map({"topic": ["a"]}, map_over="topic")
+    with pytest.raises(TypeError, match=r"map_over.*interrupt|interrupt.*map_over"):
+        E.REVIEW.as_node(name="each", map_over="topic", inputs={"topics": "topic"})
+
+
+# ------------------------------------------------------------------ Graph.map docstring
+
+
+def test_map_docstring_documents_every_parameter():
+    doc = inspect.getdoc(Graph.map)
+    params = [p for p in inspect.signature(Graph.map).parameters if p != "self"]
+    missing = [p for p in params if not re.search(rf"``{p}``|\b{p}\b:", doc)]
+    assert missing == []
