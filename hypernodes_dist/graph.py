@@ -238,13 +238,43 @@ class Graph:
         into: Any = None,
         overwrite: bool = False,
     ) -> Any:
-        """Run every item on the graph's engine: a ``MapResult`` in item order, or with
-        ``into=`` a ``DatasetResult`` (Parquet files written by the workers).
+        """Run the graph once per item on the graph's engine.
 
-        Items are the zip/product of ``map_over`` over ``inputs``, or the rows of
-        ``source`` (a Parquet path/glob/URI, a pyarrow Table/RecordBatchReader/Dataset, a
-        pandas, Dask or Daft DataFrame; ``columns={input: column}`` renames, ``keep``
-        copies source columns into the output rows). See the README, "Datasets".
+        Each item is its own run (its own ``run_id``); every item of one call shares one
+        ``session_id``. Raises ``TypeError`` for a graph with an ``InterruptNode`` (also one
+        inside a nested graph): answer interrupts per item with ``run()``/``iter()``.
+
+        Args:
+            inputs: ``{name: value}``. The names in ``map_over`` hold sequences (one value
+                per item); every other input is broadcast to every item (with ``source``:
+                broadcast values only).
+            map_over: the input name, or list of names, to map over (not with ``source``).
+            map_mode: ``"zip"`` (item i takes the i-th value of each ``map_over`` input;
+                unequal lengths raise ``ValueError`` naming each) or ``"product"`` (items in
+                ``itertools.product`` order).
+            session_id: the session of every item (default: a new ``sess_...`` id); it
+                scopes ``DiskCache(scope="session")``.
+            select: output names to return (default: every output); with a cache, a warm
+                map fetches only these.
+            on_error: ``"raise"`` (the first failure raises its original exception, noted
+                with the node and the item index) or ``"collect"`` (failed items come back
+                with ``status == "error"`` and ``.error``; the others are intact).
+            progress: show a progress bar (items done, cache hits, errors).
+            source: the rows of a table are the items instead: a Parquet file, directory,
+                glob or URI, a ``pyarrow`` Table/RecordBatchReader/Dataset, or a pandas,
+                Dask or Daft DataFrame. Each graph input reads the column of its name.
+            columns: ``{graph input: source column}`` where the names differ.
+            keep: source columns copied into every output row (with ``into``).
+            into: a directory (path or URI) to write the results to as Parquet files,
+                instead of returning them; rerunning into it recomputes only what has no
+                output file yet. See the README, "Datasets".
+            overwrite: with ``into``, replace results written there by another graph or
+                source (otherwise that raises ``ValueError`` saying what changed).
+
+        Returns:
+            a ``MapResult`` (a list of one ``GraphResult`` per item, in item order, with
+            ``.errors``, ``.to_arrow()``, ``.to_pandas()``), or with ``into`` a
+            ``DatasetResult`` (Parquet files written by the workers).
         """
         if source is not None and (map_over is not None or map_mode != "zip"):
             raise ValueError(

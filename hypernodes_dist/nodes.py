@@ -101,6 +101,8 @@ class HyperNode:
             inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
         )
         self.streaming = bool(streaming) or self.is_generator
+        # a stream that yields nothing is the empty value of its kind ([], "", b"", {})
+        self.empty: type = _stream_kind(func) if self.streaming and func is not None else list
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -188,6 +190,29 @@ class InterruptNode(HyperNode):
 
 
 # ----------------------------------------------------------------------------- signatures
+
+_STREAMS = {"Iterator", "Iterable", "Generator", "AsyncIterator", "AsyncIterable", "AsyncGenerator"}
+
+
+def _stream_kind(func: Callable[..., Any]) -> type:
+    """What a stream of ``func`` joins into, read from its return annotation: ``str``,
+    ``bytes`` or ``dict`` (``-> str``, ``-> Iterator[str]``, ``AsyncIterator[bytes]``...);
+    ``list`` otherwise (also when the annotation cannot be resolved)."""
+    try:
+        annotation = typing.get_type_hints(func).get("return")
+    except Exception:
+        return list
+    origin = typing.get_origin(annotation)
+    if origin is not None and getattr(origin, "__name__", "") in _STREAMS:
+        args = typing.get_args(annotation)
+        annotation = args[0] if args else None
+        origin = typing.get_origin(annotation)
+    kind = origin or annotation
+    for known in (str, bytes, dict):
+        if isinstance(kind, type) and issubclass(kind, known):
+            return known
+    return list
+
 
 
 def _signature(func: Callable[..., Any], name: str) -> tuple[tuple[str, ...], dict[str, Any]]:

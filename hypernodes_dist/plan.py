@@ -62,6 +62,9 @@ class Plan:
             n.kind in ("function", "branch", "gate") for n in self.nodes
         ) and all(self._ends_in_order(i) for i, n in enumerate(self.nodes)
                   if n.kind == "gate" and END in n.choices)  # type: ignore[attr-defined]
+        # gates that can END decide once nothing else is ready (scheduler waves)
+        self.enders = sum(1 << i for i, n in enumerate(self.nodes)
+                          if n.kind == "gate" and END in n.choices)  # type: ignore[attr-defined]
         self.is_async = any(n.is_async or (n.streaming and not n.is_generator) for n in self.nodes)
         # flows: items walk the plan one by one (execution/flow.py), so one that waits
         # (async call, retry back-off, limit) holds back no other

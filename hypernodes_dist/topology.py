@@ -89,9 +89,13 @@ def _deciders(by_name: dict[str, HyperNode]) -> dict[str, tuple[str, ...]]:
         for target in n.targets:
             if target not in by_name:
                 known = ", ".join(sorted(by_name))
+                hint = (
+                    "; to end the run, use the END constant (from hypernodes_dist import END; "
+                    "Literal[..., END]), not the string 'END'" if target == "END" else ""
+                )
                 raise UnknownTargetError(
                     f"{n.kind} {n.name!r} targets {target!r}, which is not a node of the graph "
-                    f"(nodes: {known})",
+                    f"(nodes: {known}){hint}",
                     [n.name, target],
                 )
             if target == n.name:

@@ -26,7 +26,8 @@ class Events:
         self.events.append(event)
 
     def kinds(self, node_id: str) -> list[str]:
-        return [type(e).__name__ for e in self.events if getattr(e, "node_id", None) == node_id]
+        return [type(e).__name__ for e in self.events
+                if getattr(e, "node_id", None) == node_id and "Node" in type(e).__name__]
 
 
 # ------------------------------------------------------------------ gates
@@ -43,7 +44,7 @@ def test_the_string_END_in_a_literal_points_to_the_END_constant():
     def decide(x: int) -> Literal["go", "END"]:
         return "go"
 
-    with pytest.raises(UnknownTargetError, match=r"'END'.*hypernodes_dist.END"):
+    with pytest.raises(UnknownTargetError, match=r"'END'.*END constant.*from hypernodes_dist import END"):
         Graph([decide, E.go])
 
 
@@ -91,7 +92,8 @@ def test_a_cache_hit_reports_only_its_end_in_run(tmp_path):
     assert rec.kinds("slow") == ["NodeStartEvent", "NodeEndEvent"]
     rec.events.clear()
     again = graph.run({"x": 1})
-    assert rec.kinds("slow") == ["NodeEndEvent"] and rec.events[-2].cached
+    assert rec.kinds("slow") == ["NodeEndEvent"]
+    assert all(e.cached for e in rec.events if type(e).__name__ == "NodeEndEvent")
     assert [h.cached for h in again.history] == [True, True]
 
 
@@ -100,7 +102,7 @@ def test_a_cache_hit_reports_only_its_end_in_run(tmp_path):
 
 def test_an_interrupt_inside_a_nested_graph_pauses_the_outer_run():
     rec = Events()
-    graph = Graph(E.OUTER_REVIEW, callbacks=[rec])
+    graph = Graph(E.outer_review(), callbacks=[rec])
     paused = graph.run({"topic": "ai"})
     assert paused.status == "interrupted"
     assert paused.interrupt.name == "approval" and paused.interrupt.value == "approve ai?"
@@ -114,7 +116,7 @@ def test_an_interrupt_inside_a_nested_graph_pauses_the_outer_run():
 
 
 def test_nested_interrupts_take_handlers_and_up_front_responses():
-    graph = Graph(E.OUTER_REVIEW)
+    graph = Graph(E.outer_review())
     assert graph.run({"topic": "x"}, handlers={"approval": str.upper})["report"] == (
         "X: APPROVE X?")
     assert graph.run({"topic": "x", "answer": "ok"})["report"] == "X: OK"
@@ -127,7 +129,7 @@ def test_nested_interrupts_take_handlers_and_up_front_responses():
 
 
 def test_nested_interrupt_resumes_from_a_checkpointer():
-    graph = Graph(E.OUTER_REVIEW, checkpointer=MemoryCheckpointer())
+    graph = Graph(E.outer_review(), checkpointer=MemoryCheckpointer())
     paused = graph.run({"topic": "db"}, session_id="s1")
     assert paused.interrupted
     done = graph.run({"answer": "no"}, session_id="s1", resume=True)
@@ -136,7 +138,7 @@ def test_nested_interrupt_resumes_from_a_checkpointer():
 
 def test_nested_interrupts_cannot_map():
     with pytest.raises(TypeError, match=r"review.*approval|approval.*review"):
-        Graph(E.OUTER_REVIEW).map({"topic": ["a"]}, map_over="topic")
+        Graph(E.outer_review()).map({"topic": ["a"]}, map_over="topic")
     with pytest.raises(TypeError, match=r"map_over.*interrupt|interrupt.*map_over"):
         E.REVIEW.as_node(name="each", map_over="topic", inputs={"topics": "topic"})
 

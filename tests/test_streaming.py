@@ -60,7 +60,7 @@ def test_sync_generator_chunks_and_joined_str():
         ([b"ab", b"cd"], b"abcd"),
         ([{"a": 1}, {"b": 2}, {"a": 3}], {"a": 3, "b": 2}),
         ([1, 2, 3], [1, 2, 3]),
-        ([], None),
+        ([], []),  # nothing streamed: the empty value of its kind (README)
     ],
 )
 def test_async_generator_joins(chunks, joined):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, batch_writes
 from hypernodes_dist.errors import portable
@@ -69,6 +70,7 @@ async def _per_item(
     wanted = settings.select or plan.outputs
     result = BatchResult(chunk.offset, chunk.n, {k: [MISSING] * chunk.n for k in wanted})
     result.histories = [[] for _ in range(chunk.n)]
+    running: dict[str, Any] | None = {} if keys is not None and plan.is_async else None
 
     async def one(i: int) -> None:
         index = chunk.offset + i
@@ -76,7 +78,7 @@ async def _per_item(
         emit = result.events.append if settings.want_events else None
         state = RunState.start(chunk.item(i))
         ctx = RunContext(settings.session_id, run_id, emit=emit, keys=keys, writes=writes,
-                         item_index=index)
+                         item_index=index, running=running)
         t0 = time.perf_counter()
         if emit:
             emit(RunStartEvent(session_id=settings.session_id, run_id=run_id, item_index=index,

@@ -69,8 +69,8 @@ class ColumnCalls:
         if self.settings.want_events:
             clock = Clock()
             self.timing[node.name] = (todo, clock)
-            if node.nests:  # its inner runs report as children of the item's run
-                fn, clock = self._nesting(fn, todo, clock), None
+        if node.nests:  # inner runs are children of the item's run (events, cache, session)
+            fn, clock = self._nesting(fn, todo, clock), None
         its = self._args(node, todo)
         if persist is None:
             return self._map(node, fn, its, todo, [], clock)
@@ -108,7 +108,8 @@ class ColumnCalls:
                           persist: Persist | None = None) -> list[Any]:
         its = self._args(node, todo)
         limit = self.settings.concurrency or len(todo)
-        plain = guard is None and persist is None and not self.settings.want_events
+        plain = (guard is None and persist is None and not self.settings.want_events
+                 and not node.nests)
         if plain and node.is_async and not node.streaming and len(todo) <= limit:
             return self._gathered(node, todo, await asyncio.gather(
                 *map(_positional(node), *its), return_exceptions=True))
@@ -116,7 +117,7 @@ class ColumnCalls:
         params = node.params
 
         async def one(args: tuple[Any, ...], i: int) -> Any:
-            if node.nests and self.settings.want_events:  # this task's own context
+            if node.nests:  # this task's own context
                 PARENT.set(self._parent(i))
             async with sem:
                 t0 = time.perf_counter()
@@ -154,9 +155,10 @@ class ColumnCalls:
                 out.append(r)
         return out
 
-    def _nesting(self, fn: Callable[..., Any], todo: Sequence[int], clock: Clock) -> Callable[..., Any]:
-        """``fn`` timed into ``clock``, each call's inner runs reporting to this batch's
-        events as children of the item's run."""
+    def _nesting(self, fn: Callable[..., Any], todo: Sequence[int],
+                 clock: Clock | None) -> Callable[..., Any]:
+        """``fn`` (timed into ``clock`` when given) with each call's inner runs as children
+        of the item's run: they report to this batch's events and share its cache."""
         positions = iter(todo)
         now = time.perf_counter
 
@@ -166,14 +168,16 @@ class ColumnCalls:
             try:
                 return fn(*args)
             finally:
-                clock.add((start,), (now(),))
+                if clock is not None:
+                    clock.add((start,), (now(),))
                 PARENT.reset(token)
 
         return nesting
 
     def _parent(self, i: int) -> Parent:
         s = self.settings
-        return Parent(self.events.append, s.session_id, s.run_id(self.chunk.offset + i))
+        emit = self.events.append if s.want_events else None
+        return Parent(emit, s.session_id, s.run_id(self.chunk.offset + i), s.cache)
 
     def _guard(self, node: HyperNode) -> Any:
         """The node's call policy for this batch; ``PolicyEvent``s join the batch's events."""
@@ -262,5 +266,5 @@ def _make_positional(node: HyperNode) -> Callable[..., Any]:
         inner = fn
 
         def fn(*args: Any) -> Any:  # type: ignore[misc]
-            return join_chunks(list(inner(*args)))
+            return join_chunks(list(inner(*args)), node.empty)
     return fn

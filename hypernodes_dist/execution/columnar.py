@@ -208,7 +208,12 @@ class Columnar(ColumnCalls):
             wanted = node_keys[items.start:items.stop]
         else:
             wanted = [node_keys[i] for i in items]
-        found = self.cache.get_many(wanted, node.name)
+        pending = self.writes.pending(node.name) if self.writes is not None else None
+        if pending:  # finished by an earlier batch of this caller, not flushed yet
+            found = {k: pending[k] for k in wanted if k in pending}
+            found.update(self.cache.get_many([k for k in wanted if k not in found], node.name))
+        else:
+            found = self.cache.get_many(wanted, node.name)
         if not found:  # a cold batch: no Python work per item
             return {}
         return {i: found[k] for i, k in zip(items, wanted) if k in found}

@@ -105,7 +105,7 @@ class ItemFlow(Columnar):
         kwargs = self._kwargs(node, i)
         guard = self.guards.get(node.name)
         nested = None
-        if node.nests and self.settings.want_events:
+        if node.nests:  # inner runs are children of the item's run (events, cache, session)
             nested = PARENT.set(self._parent(i))
         t0 = time.perf_counter()
         try:

@@ -19,10 +19,11 @@ class OutputShapeError(ValueError):
     """A multi-output node returned something that does not unpack into its outputs."""
 
 
-def join_chunks(chunks: list[Any]) -> Any:
-    """Join streamed chunks: str -> ``"".join``, bytes -> ``b"".join``, dict -> merged, else list."""
+def join_chunks(chunks: list[Any], empty: Callable[[], Any] = list) -> Any:
+    """Join streamed chunks: str -> ``"".join``, bytes -> ``b"".join``, dict -> merged, else
+    list. No chunks give ``empty()``: the empty value of the stream's kind (``node.empty``)."""
     if not chunks:
-        return None
+        return empty()
     first = chunks[0]
     if isinstance(first, str):
         return "".join(chunks)
@@ -67,10 +68,10 @@ async def call_node(node: HyperNode, kwargs: dict[str, Any], on_chunk: ChunkSink
         result = await result
     if not node.streaming:
         return result
-    return await _drain(result, on_chunk)
+    return await _drain(result, on_chunk, node.empty)
 
 
-async def _drain(stream: Any, on_chunk: ChunkSink | None) -> Any:
+async def _drain(stream: Any, on_chunk: ChunkSink | None, empty: Callable[[], Any]) -> Any:
     chunks: list[Any] = []
     if hasattr(stream, "__aiter__"):
         async for chunk in stream:
@@ -82,7 +83,7 @@ async def _drain(stream: Any, on_chunk: ChunkSink | None) -> Any:
             chunks.append(chunk)
     else:
         return stream  # streaming=True on a plain value: nothing to stream
-    return join_chunks(chunks)
+    return join_chunks(chunks, empty)
 
 
 async def _deliver(on_chunk: ChunkSink | None, chunk: Any, index: int) -> None:

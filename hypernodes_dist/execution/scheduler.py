@@ -4,9 +4,11 @@ A node runs when all its inputs are available and, if it is a branch/gate target
 has a pending activation (one activation, one run). A node that is not a target runs again
 whenever an input it consumes has been written since its last run. Ready nodes run in
 *waves*: the ready nodes none of whose ancestors is ready, in plan order (concurrently with
-``parallel``, sharing one ``step_index``). A consumer whose produced input is absent but has
-a default waits until nothing else can run, then uses the default. ``END`` stops the run;
-an interrupt with no response pauses it with its state intact.
+``parallel``, sharing one ``step_index``). A gate that can ``END`` is left out of a wave
+while other nodes are ready, so every node reading the current values has run when it ends
+the run (outputs at ``END`` agree with each other). A consumer whose produced input is
+absent but has a default waits until nothing else can run, then uses the default. ``END``
+stops the run; an interrupt with no response pauses it with its state intact.
 
 The scheduler is one coroutine for sync and async callers: with sync nodes and no
 parallelism it never suspends, so ``run()`` drives it without an event loop.
@@ -132,6 +134,8 @@ class RunContext:
     parallel: bool = False
     max_workers: int = 4
     item_index: int | None = None
+    # cache keys being computed by the items of one async batch (duplicates wait for them)
+    running: dict[str, asyncio.Future[Any]] | None = None
     parent_run_id: str | None = None
     # run()/iter() only: StateDeltaEvents after each write, a hook at every step boundary
     # (checkpointing), and the id the checkpoint of a pause will have (InterruptEvent).
@@ -187,6 +191,10 @@ class Scheduler:
         ready = [i for i, n in enumerate(self.plan.nodes) if self._ready(n, deferred=False)]
         if not ready:
             ready = [i for i, n in enumerate(self.plan.nodes) if self._ready(n, deferred=True)]
+        enders = self.plan.enders
+        if enders and len(ready) > 1:  # a gate that can END decides on settled values
+            others = [i for i in ready if not enders >> i & 1]
+            ready = others or ready
         mask = 0
         for i in ready:
             mask |= 1 << i
@@ -251,21 +259,16 @@ class Scheduler:
         state.counts[name] = iteration + 1
         if gated:
             state.activations[name] -= 1
-        self._emit_start(node, step, kwargs, iteration, parallel_index)
         started = time.time()
         t0 = time.perf_counter()
+        timing = Attempts() if node.policy is not None else None
         try:
             key = self._key(node)
-            value, cached = MISSING, False
-            if key is not None:
-                hit = self.ctx.keys.cache.get_many([key], node.name)  # type: ignore[union-attr]
-                if key in hit:
-                    value, cached = hit[key], True
-            timing = Attempts() if node.policy is not None else None
-            if not cached:
-                value = await self._call(node, kwargs, step, timing)
-                if key is not None:
-                    self._write(node.name, key, value)
+            value = MISSING if key is None else await self._cached(name, key)
+            cached = value is not MISSING
+            if not cached:  # a cache hit does not start: it reports only its end
+                self._emit_start(node, step, kwargs, iteration, parallel_index)
+                value = await self._compute(node, kwargs, step, key, timing)
             outputs = self._apply(node, value, key, step)
         except BaseException as exc:
             state.rollback(name)
@@ -279,7 +282,7 @@ class Scheduler:
         duration = (time.perf_counter() - t0) * 1000
         state.history.append(
             NodeExecution(name, step, iteration, parallel_index, key or "", outputs, cached,
-                          duration, started)
+                          duration, started, worker_id())
         )
         if self.ctx.emit is not None:
             self.ctx.emit(NodeEndEvent(
@@ -287,6 +290,38 @@ class Scheduler:
                 iteration=iteration, parallel_index=parallel_index, started_at=started,
                 worker=worker_id(),
             ))
+
+    async def _cached(self, name: str, key: str) -> Any:
+        """The cached value of ``key`` (``MISSING``: compute it): in the cache, among the
+        batch's unflushed writes, or computed right now by another item of the batch."""
+        writes = self.ctx.writes
+        pending = writes.items.get(name) if writes is not None else None
+        if pending and key in pending:
+            return pending[key]
+        hit = self.ctx.keys.cache.get_many([key], name)  # type: ignore[union-attr]
+        if key in hit:
+            return hit[key]
+        running = self.ctx.running
+        if running is not None and key in running:
+            return await running[key]  # MISSING when that call failed: compute it here
+        return MISSING
+
+    async def _compute(self, node: HyperNode, kwargs: dict[str, Any], step: int,
+                       key: str | None, timing: Attempts | None) -> Any:
+        running = self.ctx.running if key is not None else None
+        if running is None:
+            value = await self._call(node, kwargs, step, timing)
+        else:  # identical items of one batch in flight together: the others wait for this one
+            done = running[key] = asyncio.get_running_loop().create_future()  # type: ignore[index]
+            value = MISSING
+            try:
+                value = await self._call(node, kwargs, step, timing)
+            finally:
+                done.set_result(value)
+                running.pop(key, None)  # type: ignore[arg-type]
+        if key is not None:
+            self._write(node.name, key, value)
+        return value
 
     def _write(self, name: str, key: str, value: Any) -> None:
         if self.ctx.writes is not None:  # a map batch: written together, flushed in time
@@ -323,8 +358,7 @@ class Scheduler:
                     **self._base(node, step), output_name=output, chunk=chunk, chunk_index=index,
                 ))
 
-        nested = PARENT.set(Parent(emit, self.ctx.session_id, self.ctx.run_id)) if (
-            emit is not None and node.nests) else None
+        nested = PARENT.set(self._parent()) if node.nests else None
         try:
             if node.policy is not None:  # retries, timeout, limits: policies.py
                 value = await guarded_call(node, kwargs, on_chunk, self.ctx, self._base(node, step),
@@ -342,6 +376,13 @@ class Scheduler:
                 final_value=value,
             ))
         return value
+
+    def _parent(self) -> Parent:
+        """What a nested graph called by this run shares with it (``context.Parent``)."""
+        ctx = self.ctx
+        return Parent(ctx.emit, ctx.session_id, ctx.run_id,
+                      ctx.keys.cache if ctx.keys is not None else None,
+                      self.state.responses, ctx.handlers)
 
     async def _in_thread(self, node: HyperNode, kwargs: dict[str, Any], on_chunk: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -467,14 +508,19 @@ def decision_target(node: HyperNode, value: Any) -> str:
                 f"branch {node.name!r} must return a bool, got {type(value).__name__}: {value!r}"
             )
         return node.when_true if value else node.when_false  # type: ignore[attr-defined]
+    choices = node.choices  # type: ignore[attr-defined]
+    if value in choices:
+        return END if value == END else value
+    allowed = ", ".join(repr(c) for c in choices)
     if value is END or value == END:
-        return END
-    if value not in node.choices:  # type: ignore[attr-defined]
-        allowed = ", ".join(repr(c) for c in node.choices)  # type: ignore[attr-defined]
         raise GateDecisionError(
-            f"gate {node.name!r} returned {value!r}, which is not one of its targets ({allowed})"
+            f"gate {node.name!r} returned END, which is not one of its declared targets "
+            f"({allowed}); add END to its Literal[...] (or to gate(targets=[...])) to let it "
+            "end the run"
         )
-    return value
+    raise GateDecisionError(
+        f"gate {node.name!r} returned {value!r}, which is not one of its targets ({allowed})"
+    )
 
 
 def validate_response(node: HyperNode, response: Any) -> Any:

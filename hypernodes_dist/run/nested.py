@@ -107,13 +107,14 @@ class _NestedCall:
             empty: list[Any] = [[] for _ in self.outputs]
             return empty[0] if len(empty) == 1 else tuple(empty)
         parent = PARENT.get()
-        if parent is not None:  # someone listens: inner runs report as children of this run
-            settings.want_events = True
+        if parent is not None:  # inner runs are children of the calling run
+            settings.want_events = parent.emit is not None
             settings.session_id = parent.session_id
+            settings.cache = parent.cache  # identical inner items compute once, as in map
             # inner run ids read {parent run}/{node}-{call}.{element}: unique per call
             settings.run_prefix = f"{parent.run_id}/{self.name}-{next(_CALLS)}."
         batch = await run_batch(self.plan, chunk, settings)
-        if parent is not None:
+        if parent is not None and parent.emit is not None:
             for event in expanded(batch.events):
                 if event.parent_run_id is None:
                     event.parent_run_id = parent.run_id

@@ -140,7 +140,6 @@ def conclude(answer: str, topic: str) -> str:
 
 
 REVIEW = Graph([ask_about, approval, conclude], name="review")
-REVIEW_NODE = REVIEW.as_node(name="review")
 
 
 @node(output_name="report")
@@ -148,4 +147,6 @@ def publish(verdict: str) -> str:
     return verdict.upper()
 
 
-OUTER_REVIEW = [REVIEW_NODE, publish]
+def outer_review() -> list:
+    """A graph whose nested graph asks for approval: ``[review, publish]``."""
+    return [REVIEW.as_node(name="review"), publish]

@@ -103,7 +103,7 @@ def test_duplicate_items_compute_once_with_a_cache(engine, nodes, tmp_path, logs
     ran = E.calls(logs)
     assert [c for c in ran if c != 5] == [6, 7, 8, 9, 10] and 1 <= ran.count(5) <= 2
     cached = [h.cached for r in res for h in r.history if h.node_id == "logged_square"]
-    assert cached[:7] == [False, True, False, False, False, False, False]
+    assert cached[2:7] == [False] * 5 and cached.count(False) == len(ran)  # the rest are hits
 
 
 def test_duplicate_items_compute_each_time_without_a_cache(engine, logs):
@@ -144,4 +144,4 @@ def test_a_cache_hit_reports_only_its_end(engine, nodes, tmp_path, logs):
 
 def test_map_over_a_nested_interrupt_raises_naming_it(engine):
     with pytest.raises(TypeError, match=r"approval.*review|review.*approval"):
-        Graph(E.OUTER_REVIEW, engine=engine).map({"topic": ["a", "b"]}, map_over="topic")
+        Graph(E.outer_review(), engine=engine).map({"topic": ["a", "b"]}, map_over="topic")
