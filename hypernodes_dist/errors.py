@@ -17,6 +17,7 @@ __all__ = [
     "GateDecisionError",
     "NodeError",
     "EngineNotFoundError",
+    "UnpicklableError",
     "annotate",
     "portable",
 ]
@@ -77,6 +78,11 @@ class NodeError(RuntimeError):
 
 class EngineNotFoundError(LookupError):
     """No installed engine plugin has the requested name."""
+
+
+class UnpicklableError(TypeError):
+    """A node, an input or a node's result cannot be sent between processes (every engine
+    raises this one type); the message names the node, parameter or item and what to do."""
 
 
 def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseException:

@@ -12,8 +12,6 @@ import pytest
 
 from hypernodes_dist import DiskCache, Graph, GraphEngine, gate, node
 from hypernodes_dist.errors import GateDecisionError, UnknownTargetError
-from hypernodes_dist.events import InterruptEvent
-from hypernodes_dist.persistence import MemoryCheckpointer
 
 from .conformance import edge_graphs as E
 
@@ -95,52 +93,6 @@ def test_a_cache_hit_reports_only_its_end_in_run(tmp_path):
     assert rec.kinds("slow") == ["NodeEndEvent"]
     assert all(e.cached for e in rec.events if type(e).__name__ == "NodeEndEvent")
     assert [h.cached for h in again.history] == [True, True]
-
-
-# ------------------------------------------------------------------ nested interrupts
-
-
-def test_an_interrupt_inside_a_nested_graph_pauses_the_outer_run():
-    rec = Events()
-    graph = Graph(E.outer_review(), callbacks=[rec])
-    paused = graph.run({"topic": "ai"})
-    assert paused.status == "interrupted"
-    assert paused.interrupt.name == "approval" and paused.interrupt.value == "approve ai?"
-    assert paused.interrupt.response_param == "answer"
-    assert "report" not in paused
-    outer = [e for e in rec.events if isinstance(e, InterruptEvent) and e.parent_run_id is None]
-    assert [e.interrupt_name for e in outer] == ["approval"]
-    done = paused.resume({"answer": "yes"})
-    assert done.status == "complete" and done["report"] == "AI: YES"
-    assert done.run_id == paused.run_id
-
-
-def test_nested_interrupts_take_handlers_and_up_front_responses():
-    graph = Graph(E.outer_review())
-    assert graph.run({"topic": "x"}, handlers={"approval": str.upper})["report"] == (
-        "X: APPROVE X?")
-    assert graph.run({"topic": "x", "answer": "ok"})["report"] == "X: OK"
-
-    @graph.on_interrupt("approval")
-    def answer(question: str) -> str:
-        return "fine"
-
-    assert graph.run({"topic": "y"})["report"] == "Y: FINE"
-
-
-def test_nested_interrupt_resumes_from_a_checkpointer():
-    graph = Graph(E.outer_review(), checkpointer=MemoryCheckpointer())
-    paused = graph.run({"topic": "db"}, session_id="s1")
-    assert paused.interrupted
-    done = graph.run({"answer": "no"}, session_id="s1", resume=True)
-    assert done.status == "complete" and done["report"] == "DB: NO"
-
-
-def test_nested_interrupts_cannot_map():
-    with pytest.raises(TypeError, match=r"review.*approval|approval.*review"):
-        Graph(E.outer_review()).map({"topic": ["a"]}, map_over="topic")
-    with pytest.raises(TypeError, match=r"map_over.*interrupt|interrupt.*map_over"):
-        E.REVIEW.as_node(name="each", map_over="topic", inputs={"topics": "topic"})
 
 
 # ------------------------------------------------------------------ Graph.map docstring

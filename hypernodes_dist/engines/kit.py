@@ -1,10 +1,19 @@
-"""Helpers engine plugins share, so each rule lives once: how many items per partition."""
+"""Helpers engine plugins share, so each rule lives once: how many items per partition, and
+which node or input stops a map from being sent to other processes."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU"]
+import cloudpickle
+
+from hypernodes_dist.errors import UnpicklableError
+from hypernodes_dist.plan import Plan
+
+__all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU", "unpicklable",
+           "check_picklable"]
 
 FLOW_TASKS_PER_CPU = 4
 
@@ -31,3 +40,36 @@ def flow_tasks(cpus: int) -> int:
     runs several: while one partition ends with its tail (its slowest item), the others
     keep the limits busy, whatever the partition size."""
     return FLOW_TASKS_PER_CPU * max(1, cpus)
+
+
+def unpicklable(plan: Plan, broadcast: Mapping[str, Any], where: str) -> UnpicklableError | None:
+    """The ``UnpicklableError`` naming the node or broadcast input of a map that cannot be
+    pickled for ``where`` (e.g. "Dask worker processes"); ``None`` when all of them pickle."""
+    for node in plan.nodes:
+        try:
+            cloudpickle.dumps(node)
+        except Exception as exc:
+            return UnpicklableError(
+                f"node {node.name!r} cannot be sent to {where}: it does not pickle "
+                f"({type(exc).__name__}: {exc}); define it at module level, and create locks, "
+                "sockets, clients or open files inside the function instead of capturing them")
+    for name, value in broadcast.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            return UnpicklableError(
+                f"input {name!r} cannot be sent to {where}: it does not pickle "
+                f"({type(exc).__name__}: {exc}); pass something that pickles (a path, a URL, "
+                "settings) and open the resource inside the node")
+    return None
+
+
+def check_picklable(value: Any, what: str, where: str) -> None:
+    """Raise ``UnpicklableError`` when ``value`` (described by ``what``, e.g. "input 'x'
+    (item 3)") cannot be pickled for ``where``."""
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:
+        raise UnpicklableError(
+            f"{what} cannot be sent to {where}: it does not pickle ({type(exc).__name__}: {exc})"
+        ) from exc

@@ -3,8 +3,6 @@ contract leaves open")."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from hypernodes_dist import DiskCache, Graph
@@ -30,36 +28,6 @@ def logs(tmp_path):
     d = tmp_path / "logs"
     d.mkdir()
     return d
-
-
-# ------------------------------------------------------------------ map history
-
-
-@pytest.mark.parametrize("nodes", [E.TIMED, E.GATED_SQUARE], ids=["columnar", "per-item"])
-def test_map_history_is_as_informative_as_run(engine, nodes, logs):
-    inputs = {"x": [1, 2, 3], "v": [1, 2, 3], "log_dir": str(logs)}
-    graph = Graph(nodes, engine=engine)
-    single = graph.run({k: v[0] if isinstance(v, list) else v for k, v in inputs.items()
-                        if k in graph.inputs})
-    before = time.time()
-    res = graph.map({k: v for k, v in inputs.items() if k in graph.inputs},
-                    map_over=[k for k in ("x", "v") if k in graph.inputs])
-    for r in res:
-        assert [h.node_id for h in r.history] == [h.node_id for h in single.history]
-        for h in r.history:
-            assert all(r[o] == v for o, v in h.outputs.items())
-            if h.node_id in ("slow", "logged_square"):
-                assert h.outputs and h.duration_ms > 0
-                assert before - 1 <= h.started_at <= time.time() + 1
-                assert h.worker
-    assert res[0].history[0].outputs == single.history[0].outputs
-
-
-def test_map_history_of_selected_outputs(engine):
-    res = Graph(E.TIMED, engine=engine).map({"x": [1, 2]}, map_over="x", select=["after"])
-    # history carries the outputs the map returns; intermediates not selected are left out
-    assert [h.outputs for h in res[1].history] == [{}, {"after": 21}]
-    assert res[1].history[0].duration_ms > 0
 
 
 # ------------------------------------------------------------------ gates and END
@@ -137,11 +105,3 @@ def test_a_cache_hit_reports_only_its_end(engine, nodes, tmp_path, logs):
     hits = [e for e in events.ends if e.node_id == "logged_square"]
     assert len(hits) == 2 and all(e.cached for e in hits)
     assert [e.node_id for e in events.starts if e.node_id == "logged_square"] == []
-
-
-# ------------------------------------------------------------------ nested interrupts
-
-
-def test_map_over_a_nested_interrupt_raises_naming_it(engine):
-    with pytest.raises(TypeError, match=r"approval.*review|review.*approval"):
-        Graph(E.outer_review(), engine=engine).map({"topic": ["a", "b"]}, map_over="topic")

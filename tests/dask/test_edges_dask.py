@@ -19,7 +19,7 @@ from .edge_nodes import locked_failure, returns_lock
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """\
-from hypernodes_dist import Graph
+from hypernodes_dist import Graph, node
 from hypernodes_dask import DaskEngine
 
 
@@ -101,18 +101,26 @@ def test_an_address_is_accepted_where_a_client_or_scheduler_is_expected():
 def test_workers_missing_the_users_module_are_told_what_to_do(distributed_engine, tmp_path,
                                                                monkeypatch):
     (tmp_path / "hn_private_nodes.py").write_text(textwrap.dedent("""\
+        from dataclasses import dataclass
+
         from hypernodes_dist import node
 
+
+        @dataclass
+        class Settings:
+            factor: int
+
+
         @node(output_name="y")
-        def private(x: int) -> int:
-            return x * 3
+        def private(x: int, settings: Settings) -> int:
+            return x * settings.factor
     """))
     monkeypatch.syspath_prepend(str(tmp_path))  # the driver sees it, the workers do not
     import hn_private_nodes
 
     with pytest.raises(ModuleNotFoundError) as info:
         Graph([hn_private_nodes.private], engine=distributed_engine).map(
-            {"x": [1, 2]}, map_over="x")
+            {"x": [1, 2], "settings": hn_private_nodes.Settings(3)}, map_over="x")
     text = str(info.value)
     assert "hn_private_nodes" in text and "upload_file" in text and "install" in text
     sys.modules.pop("hn_private_nodes", None)

@@ -40,18 +40,18 @@ inputs and the ``Plan`` travel once, in the UDF's closure.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import cloudpickle
 import daft
 from daft import DataType, col
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import flow_tasks, partition_size
+from hypernodes_dist.engines.kit import flow_tasks, partition_size, unpicklable
 from hypernodes_dist.execution.job import MapJob, Sink
 
 from .datasets import part_rows, run_dataset_native
@@ -88,6 +88,11 @@ class DaftEngine(Engine):
     ) -> None:
         if runner not in RUNNERS:
             raise ValueError(f"DaftEngine runner must be one of {RUNNERS}, got {runner!r}")
+        if runner == "ray" and importlib.util.find_spec("ray") is None:
+            raise ImportError(
+                "DaftEngine(runner=\"ray\") needs Ray, which is not installed: "
+                "pip install 'hypernodes-dist-daft[ray]' (or 'daft[ray]')"
+            )
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.runner = runner
@@ -118,8 +123,10 @@ class DaftEngine(Engine):
         try:
             expr = udf(col(ROW), *(col(column_name(i)) for i in range(len(names))))
         except ValueError as exc:  # Daft's serializability check: name the culprit
-            _explain_unpicklable(job, exc)
-            raise
+            culprit = unpicklable(job.plan, job.broadcast, "Daft's workers")
+            if culprit is None:
+                raise
+            raise culprit from exc
         cells = frame.select(expr.alias("hn")).where(col("hn").not_null())
         stopped = True
         try:
@@ -185,18 +192,3 @@ def _runner_is_set() -> bool | None:
     except ImportError:
         return None
     return _get_runner() is not None
-
-
-def _explain_unpicklable(job: MapJob, exc: Exception) -> None:
-    """Raise a ``TypeError`` naming the node or input that Daft could not serialize."""
-    culprits: list[tuple[str, Any]] = [(f"node {n.name!r}", n) for n in job.plan.nodes]
-    culprits += [(f"broadcast input {k!r}", v) for k, v in job.broadcast.items()]
-    for what, obj in culprits:
-        try:
-            cloudpickle.dumps(obj)
-        except Exception as err:
-            raise TypeError(
-                f"DaftEngine cannot ship {what} to Daft's workers: it is not serializable "
-                f"({type(err).__name__}: {err}). Make it picklable (e.g. create the resource "
-                "inside the node, or pass it as an input)"
-            ) from err

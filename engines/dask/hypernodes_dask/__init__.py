@@ -6,8 +6,9 @@ Registered under the entry point ``dask`` of the ``hypernodes_dist.engines`` gro
 
 from __future__ import annotations
 
+from hypernodes_dist.errors import UnpicklableError  # one type on every engine
+
 from . import limits as _limits  # noqa: F401  (cluster-wide node limits on distributed workers)
-from .compile import UnpicklableError
 from .engine import DaskEngine, auto_partition_size
 
 __all__ = ["DaskEngine", "UnpicklableError", "auto_partition_size"]

@@ -16,6 +16,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from .mainguard import check_main
+
 __all__ = ["ClientHandle", "ProcessPool"]
 
 
@@ -47,7 +49,12 @@ class ClientHandle:
             return self._client
 
     def _start_cluster(self) -> Any:
+        import dask
         from distributed import LocalCluster
+
+        if self.cluster_kwargs.get("processes", True):
+            check_main(dask.config.get("distributed.worker.multiprocessing-method", "spawn"),
+                       "the LocalCluster's worker processes")
 
         options: dict[str, Any] = {
             "processes": True,
@@ -95,8 +102,10 @@ class ProcessPool:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
             if self._pool is None:
+                context = get_context()
+                check_main(context.get_start_method())
                 self._pool = ProcessPoolExecutor(
-                    self.workers, mp_context=get_context(), initializer=initialize_worker_process
+                    self.workers, mp_context=context, initializer=initialize_worker_process
                 )
             return self._pool
 

@@ -40,11 +40,14 @@ from typing import Any
 import cloudpickle
 from dask.task_spec import DataNode, Task, TaskRef
 
-from hypernodes_dist.engines.kit import flow_tasks
-from hypernodes_dist.errors import portable
+from hypernodes_dist.engines.kit import check_picklable, flow_tasks, unpicklable
+from hypernodes_dist.errors import UnpicklableError, portable
 from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, MapJob
 from hypernodes_dist.plan import Plan
+
+from .packing import Packed, pack
 
 __all__ = [
     "Payload",
@@ -55,10 +58,6 @@ __all__ = [
     "run_partition",
     "write_shipment",
 ]
-
-
-class UnpicklableError(TypeError):
-    """A node or an input cannot be sent to worker processes; names the node or parameter."""
 
 
 @dataclass
@@ -92,16 +91,30 @@ class Shipment:
             if found is not None:
                 _LOADED.move_to_end(self.digest)
                 return found
-            if self.data is not None:
-                payload = cloudpickle.loads(self.data)
-            else:
-                assert self.path is not None
-                with open(self.path, "rb") as f:
-                    payload = cloudpickle.load(f)
+            try:
+                if self.data is not None:
+                    payload = cloudpickle.loads(self.data)
+                else:
+                    assert self.path is not None
+                    with open(self.path, "rb") as f:
+                        payload = cloudpickle.load(f)
+            except ModuleNotFoundError as exc:
+                raise _missing_module(exc) from exc
             _LOADED[self.digest] = payload
             while len(_LOADED) > _KEEP:
                 _LOADED.popitem(last=False)
             return payload
+
+
+def _missing_module(exc: ModuleNotFoundError) -> ModuleNotFoundError:
+    """``exc`` (raised in a worker) saying what to do about a module only the driver has."""
+    name = exc.name or "?"
+    error = ModuleNotFoundError(
+        f"{exc} in Dask worker {worker_id()}: the graph's nodes (or inputs) come from module "
+        f"{name!r}, which this worker cannot import. Install it on every worker (pip install "
+        f"your package there), send a single file with client.upload_file('{name}.py'), or "
+        "define the nodes in a package the workers can import", name=exc.name)
+    return error
 
 
 def pickle_payload(job: MapJob, where: str) -> tuple[bytes, str]:
@@ -114,41 +127,12 @@ def pickle_payload(job: MapJob, where: str) -> tuple[bytes, str]:
     try:
         data = cloudpickle.dumps(payload)
     except Exception as exc:
-        raise _culprit(job, where, exc) from exc
+        raise unpicklable(job.plan, job.broadcast, where) or UnpicklableError(
+            f"the map settings cannot be sent to {where}: {exc}") from exc
     for name, column in job.columns.items():
         if len(column):
-            _check(column[0], f"input {name!r} (item 0)", where)
+            check_picklable(column[0], f"input {name!r} (item 0)", where)
     return data, hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def _culprit(job: MapJob, where: str, exc: Exception) -> UnpicklableError:
-    for node in job.plan.nodes:
-        try:
-            cloudpickle.dumps(node)
-        except Exception as inner:
-            return UnpicklableError(
-                f"node {node.name!r} cannot be sent to {where}: it does not pickle "
-                f"({type(inner).__name__}: {inner}); define it at module level or avoid "
-                "capturing locks, sockets or open files"
-            )
-    for name, value in job.broadcast.items():
-        try:
-            cloudpickle.dumps(value)
-        except Exception as inner:
-            return UnpicklableError(
-                f"input {name!r} cannot be sent to {where}: it does not pickle "
-                f"({type(inner).__name__}: {inner})"
-            )
-    return UnpicklableError(f"the map settings cannot be sent to {where}: {exc}")
-
-
-def _check(value: Any, what: str, where: str) -> None:
-    try:
-        cloudpickle.dumps(value)
-    except Exception as exc:
-        raise UnpicklableError(
-            f"{what} cannot be sent to {where}: it does not pickle ({type(exc).__name__}: {exc})"
-        ) from exc
 
 
 def write_shipment(data: bytes, digest: str, directory: str) -> Shipment:
@@ -174,27 +158,37 @@ def pack_columns(columns: dict[str, Sequence[Any]], offset: int = 0) -> bytes:
         except Exception as exc:
             for name, column in columns.items():
                 for i, value in enumerate(column):
-                    _check(value, f"input {name!r} (item {offset + i})", "worker processes")
+                    check_picklable(value, f"input {name!r} (item {offset + i})",
+                                    "worker processes")
             raise UnpicklableError(f"the mapped inputs cannot be sent to worker processes: {exc}"
                                    ) from exc
 
 
 def run_partition(shared: Payload | Shipment, offset: int, n: int,
-                  columns: dict[str, Sequence[Any]] | bytes) -> BatchResult:
-    """One Dask task: items ``offset .. offset+n`` through the shared plan executor."""
+                  columns: dict[str, Sequence[Any]] | bytes) -> BatchResult | Packed:
+    """One Dask task: items ``offset .. offset+n`` through the shared plan executor. In a
+    worker process the result comes back pickled (``packing.pack``: unpicklable outputs
+    fail their item, not the map) and an error is made portable."""
     remote = isinstance(shared, Shipment)
     payload = shared.load() if remote else shared
     if isinstance(columns, bytes):
         columns = pickle.loads(columns)
     chunk = Chunk(offset, n, columns, payload.broadcast)
+    if not remote:
+        return _execute(payload.plan, chunk, payload.settings)
     try:
-        if payload.plan.flows and _distributed_worker() is not None:
-            return _seceded(payload.plan, chunk, payload.settings)
-        return execute_batch(payload.plan, chunk, payload.settings)
+        return pack(_execute(payload.plan, chunk, payload.settings), payload.plan,
+                    payload.settings)
     except Exception as exc:
-        if remote:  # the error crosses a process boundary: make sure it pickles
-            raise portable(exc) from None
-        raise
+        error = portable(exc)  # the error crosses a process boundary: make sure it pickles
+        del exc
+    raise error  # raised outside the handler: no unpicklable __context__ travels with it
+
+
+def _execute(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
+    if plan.flows and _distributed_worker() is not None:
+        return _seceded(plan, chunk, settings)
+    return execute_batch(plan, chunk, settings)
 
 
 _FLOWING: list[threading.Semaphore] = []  # this process's slots for flowing partitions

@@ -48,6 +48,7 @@ from .compile import (
     write_shipment,
 )
 from .datasets import run_dataset_distributed, run_dataset_local
+from .packing import unpack
 
 __all__ = ["DaskEngine", "auto_partition_size"]
 
@@ -55,6 +56,13 @@ SCHEDULERS = ("threads", "processes", "sync", "distributed")
 
 
 auto_partition_size = partition_size  # the shared rule (hypernodes_dist.engines.kit)
+
+
+def _address(given: str, address: str | None) -> str:
+    """A scheduler address given positionally or as ``scheduler=``; conflicts are errors."""
+    if address is not None and address != given:
+        raise ValueError(f"DaskEngine got two scheduler addresses: {given!r} and {address!r}")
+    return given
 
 
 def _cpu_count() -> int:
@@ -68,7 +76,9 @@ class DaskEngine(Engine):
 
     ``scheduler`` is ``"threads"``, ``"processes"``, ``"sync"`` or ``"distributed"``. Passing
     ``client`` (an existing ``distributed.Client``, never closed by the engine) or ``address``
-    (a scheduler to connect to) implies ``"distributed"``; ``"distributed"`` with neither starts
+    (a scheduler to connect to) implies ``"distributed"``; an address string given as
+    ``client`` (``DaskEngine("tcp://host:8786")``) or as ``scheduler`` (any ``"...://..."``)
+    is taken as ``address``. ``"distributed"`` with neither starts
     a ``LocalCluster`` (``num_workers`` workers, plus ``cluster_kwargs``) on first use.
     ``num_workers`` also sizes the thread / process pool. ``partition_size`` fixes the items per
     task (default: automatic, see the module docstring). ``run()`` executes in the driver;
@@ -90,13 +100,22 @@ class DaskEngine(Engine):
         max_partition_size: int = 10_000,
         cluster_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        if isinstance(client, str):  # DaskEngine("tcp://host:8786"), like distributed.Client
+            if client in SCHEDULERS:
+                raise ValueError(
+                    f"DaskEngine({client!r}): the first argument is a client or an address; "
+                    f"pass scheduler={client!r}, or address=\"tcp://host:8786\" for a cluster")
+            client, address = None, _address(client, address)
+        if "://" in scheduler:  # a scheduler address where a scheduler kind was expected
+            scheduler, address = "distributed", _address(scheduler, address)
         if client is not None and address is not None:
             raise ValueError("DaskEngine takes a client or an address, not both")
         if client is not None or address is not None:
             scheduler = "distributed"
         if scheduler not in SCHEDULERS:
             raise ValueError(
-                f"unknown Dask scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)}"
+                f"unknown Dask scheduler {scheduler!r}; expected one of {', '.join(SCHEDULERS)} "
+                "(a cluster's address goes to address=\"tcp://host:8786\")"
             )
         for label, value in (("partition_size", partition_size), ("num_workers", num_workers)):
             if value is not None and value < 1:
@@ -234,7 +253,7 @@ class DaskEngine(Engine):
                     done.add(again)
                     del again
                     continue
-                sink(batch)
+                sink(unpack(batch))
         except KilledWorker as exc:  # the partition killed every worker that ran it
             span = spans.get(exc.task)
             how = f"Dask worker processes died {exc.allowed_failures + 1} times"
@@ -270,7 +289,7 @@ class DaskEngine(Engine):
         def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
             running.discard(key)
             if key in outputs:
-                sink(result)
+                sink(unpack(result))
 
         callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
         try:
