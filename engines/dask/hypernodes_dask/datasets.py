@@ -28,9 +28,10 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
-from hypernodes_dist.errors import NodeError, portable
+from hypernodes_dist.engines.kit import unpicklable
+from hypernodes_dist.errors import NodeError, UnpicklableError, portable
 
-from .compile import Shipment, UnpicklableError, write_shipment
+from .compile import Shipment, write_shipment
 
 __all__ = ["run_dataset_distributed", "run_dataset_local", "check_workers_see"]
 
@@ -42,21 +43,8 @@ def _ship(task: PartTask, where: str) -> tuple[bytes, str]:
     try:
         data = cloudpickle.dumps(task)
     except Exception as exc:
-        for node in task.plan.nodes:
-            try:
-                cloudpickle.dumps(node)
-            except Exception as inner:
-                raise UnpicklableError(
-                    f"node {node.name!r} cannot be sent to {where}: it does not pickle "
-                    f"({type(inner).__name__}: {inner})") from exc
-        for name, value in task.broadcast.items():
-            try:
-                cloudpickle.dumps(value)
-            except Exception as inner:
-                raise UnpicklableError(
-                    f"input {name!r} cannot be sent to {where}: it does not pickle "
-                    f"({type(inner).__name__}: {inner})") from exc
-        raise UnpicklableError(f"the map cannot be sent to {where}: {exc}") from exc
+        raise unpicklable(task.plan, task.broadcast, where) or UnpicklableError(
+            f"the map cannot be sent to {where}: {exc}") from exc
     return data, hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
@@ -71,9 +59,11 @@ def run_part(shared: PartTask | Shipment, part: Part, frame: Any = None) -> Part
             part = Part(part.index, part.offset, len(frame), None)
         return task.run(part, data=data)
     except Exception as exc:
-        if remote:
-            raise portable(exc) from None
-        raise
+        if not remote:
+            raise
+        error = portable(exc)  # crosses a process boundary: make sure it pickles
+        del exc
+    raise error  # outside the handler: no unpicklable __context__ travels with it
 
 
 def _windows(job: DatasetJob, size: int) -> Iterator[list[Part]]:
