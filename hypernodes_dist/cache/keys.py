@@ -183,6 +183,7 @@ class WriteBuffer:
         self.cache = cache
         self.items: dict[str, tuple[list[str], list[Any]]] = {}  # node -> (keys, values)
         self.last = time.monotonic()
+        self._index: dict[str, tuple[dict[str, Any], int]] = {}  # see ``pending``
 
     def _columns(self, node: str) -> tuple[list[str], list[Any]]:
         found = self.items.get(node)
@@ -207,12 +208,26 @@ class WriteBuffer:
         for key, value in pairs:
             self.add(key, value, node)
 
+    def pending(self, node: str) -> dict[str, Any]:
+        """``node``'s results not flushed yet, by key: what an identical item of this batch
+        (or of a later batch of the same caller) reads instead of computing it again. Indexed
+        on demand, from where the last lookup stopped (nothing is paid without lookups)."""
+        found = self.items.get(node)
+        if not found:
+            return {}
+        keys, values = found
+        index, done = self._index.get(node, ({}, 0))
+        if done < len(keys):
+            index.update(zip(keys[done:], values[done:]))
+            self._index[node] = (index, len(keys))
+        return index
+
     def flush_if_due(self) -> None:
         if self.items and time.monotonic() - self.last >= FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
-        groups, self.items = self.items, {}
+        groups, self.items, self._index = self.items, {}, {}
         for node, (keys, values) in groups.items():
             if keys:
                 self.cache.set_many(KeyValues(keys, values), node=node)

@@ -56,6 +56,7 @@ class ItemFlow(Columnar):
                           if p in plan.producers and p not in n.defaults) for n in plan.nodes
         }
         self.token = None
+        self.running: dict[str, asyncio.Future[Any]] = {}  # keys in flight (duplicates wait)
         if self.keys is not None:
             self.token = scope_token(self.keys.scope, settings.session_id, "")
             if plan.static:
@@ -99,9 +100,28 @@ class ItemFlow(Columnar):
         if self.keys is not None and self.keys.cacheable(node):
             key = self._key_of(node, i)
             value = self._cached(node, i, key)
+            if value is MISSING and key in self.running:  # an identical item computes it
+                value = await self.running[key]
             if value is not MISSING:
                 self._store(node, {i: value}, HIT)
                 return
+        shared = key if node.kind == "function" and node.outputs else None  # not decisions
+        if shared is not None:
+            self.running[shared] = asyncio.get_running_loop().create_future()
+        try:
+            await self._compute(node, i, key)
+        finally:
+            if shared is not None:
+                self.running.pop(shared).set_result(self._value_of(node, i))
+
+    def _value_of(self, node: HyperNode, i: int) -> Any:
+        """What item ``i``'s execution of ``node`` produced (``MISSING``: it failed)."""
+        if i in self.failed or self.codes[node.name][i] != RAN:
+            return MISSING
+        outputs = [self.values[o][i] for o in node.outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    async def _compute(self, node: HyperNode, i: int, key: str | None) -> None:
         kwargs = self._kwargs(node, i)
         guard = self.guards.get(node.name)
         nested = None
@@ -179,8 +199,15 @@ class ItemFlow(Columnar):
     def _cached(self, node: HyperNode, i: int, key: str) -> Any:
         found = self.prefetched.get(node.name)
         if found is not None:
-            return found.pop(i, MISSING)
+            value = found.pop(i, MISSING)
+            if value is not MISSING:
+                return value
         if not key:
+            return MISSING
+        pending = self.writes.pending(node.name) if self.writes is not None else None
+        if pending and key in pending:  # an identical item of this batch finished it
+            return pending[key]
+        if found is not None:  # the cache was read for the whole batch already
             return MISSING
         return self.cache.get_many([key], node.name).get(key, MISSING)
 

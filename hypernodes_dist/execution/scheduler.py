@@ -295,7 +295,7 @@ class Scheduler:
         """The cached value of ``key`` (``MISSING``: compute it): in the cache, among the
         batch's unflushed writes, or computed right now by another item of the batch."""
         writes = self.ctx.writes
-        pending = writes.items.get(name) if writes is not None else None
+        pending = writes.pending(name) if writes is not None else None
         if pending and key in pending:
             return pending[key]
         hit = self.ctx.keys.cache.get_many([key], name)  # type: ignore[union-attr]

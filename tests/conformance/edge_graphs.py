@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -103,6 +104,13 @@ STREAMS = [numbers, words, sizes]
 @node(output_name="sq")
 def logged_square(v: int, log_dir: str) -> int:
     Path(log_dir, f"{os.getpid()}-{time.monotonic_ns()}-{v}").touch()
+    return v * v
+
+
+@node(output_name="sq")
+async def async_square(v: int, log_dir: str) -> int:
+    Path(log_dir, f"{os.getpid()}-{time.monotonic_ns()}-{v}").touch()
+    await asyncio.sleep(0.01)  # identical items are in flight together
     return v * v
 
 

@@ -62,7 +62,8 @@ def test_a_stream_that_yields_nothing_is_empty_of_its_kind(engine):
 # ------------------------------------------------------------------ duplicates
 
 
-@pytest.mark.parametrize("nodes", [[E.logged_square], E.GATED_SQUARE], ids=["columnar", "per-item"])
+@pytest.mark.parametrize("nodes", [[E.logged_square], E.GATED_SQUARE, [E.async_square]],
+                         ids=["columnar", "per-item", "async"])
 def test_duplicate_items_compute_once_with_a_cache(engine, nodes, tmp_path, logs):
     graph = Graph(nodes, engine=engine, cache=DiskCache(tmp_path / "c"))
     values = [5, 5, 6, 7, 8, 9, 10, 5]  # the first two share a batch on every engine
@@ -70,7 +71,7 @@ def test_duplicate_items_compute_once_with_a_cache(engine, nodes, tmp_path, logs
     assert [r["sq"] for r in res] == [v * v for v in values]
     ran = E.calls(logs)
     assert [c for c in ran if c != 5] == [6, 7, 8, 9, 10] and 1 <= ran.count(5) <= 2
-    cached = [h.cached for r in res for h in r.history if h.node_id == "logged_square"]
+    cached = [h.cached for r in res for h in r.history if h.node_id == nodes[-1].name]
     assert cached[2:7] == [False] * 5 and cached.count(False) == len(ran)  # the rest are hits
 
 
