@@ -91,6 +91,9 @@ async def _per_item(
             result.errors[i] = error
         for k, col in result.outputs.items():
             col[i] = state.values.get(k, MISSING) if k in state.produced else MISSING
+        if settings.select is not None:  # history carries the outputs the map returns
+            for execution in state.history:
+                execution.outputs = {k: v for k, v in execution.outputs.items() if k in wanted}
         result.histories[i] = state.history  # type: ignore[index]
         result.executed += sum(1 for h in state.history if not h.cached)
         result.hits += sum(1 for h in state.history if h.cached)

@@ -4,7 +4,10 @@ Sync nodes run as one C-level ``map`` over the argument columns, each call timed
 level (``Clock``) and handed to the cache in slices; async nodes run as one ``gather``
 (at most ``settings.concurrency`` calls in flight). A node's ``Policy`` wraps its calls
 through a ``Guard``. ``ColumnCalls`` is mixed into ``Columnar``, whose state it reads:
-``plan``, ``n``, ``values``, ``consts``, ``settings``, ``chunk``, ``events``, ``timing``.
+``plan``, ``n``, ``values``, ``consts``, ``settings``, ``chunk``, ``events``, ``timing``,
+``times``. Without events a sync node's calls are timed in spans (one clock reading per
+span); a node whose first calls are slow (``SLOW_CALL``) gets a per-call clock for the rest,
+so map items' history shows real times at no cost on trivial nodes.
 """
 
 from __future__ import annotations
@@ -71,38 +74,57 @@ class ColumnCalls:
             self.timing[node.name] = (todo, clock)
         if node.nests:  # inner runs are children of the item's run (events, cache, session)
             fn, clock = self._nesting(fn, todo, clock), None
+        spans: list[list[Any]] | None = None
+        if clock is None:  # no per-call clock: spans of calls timed together (``_per_call``)
+            spans = []
+            self.times[node.name] = (todo, spans)
         its = self._args(node, todo)
-        if persist is None:
-            return self._map(node, fn, its, todo, [], clock)
         out: list[Any] = []
+        if persist is None:
+            if spans is not None and len(todo) > PROBE:
+                self._map(node, fn, [islice(it, PROBE) for it in its], todo, out, None, spans)
+                clock = _per_call(spans, len(out))
+            self._map(node, fn, its, todo, out, clock, spans)
+            _close(spans, len(out))
+            return out
         start, size = 0, _SLICES.get(node, 1)
         while start < len(todo):  # persist as slices finish; slices adapt to the call time
             stop = min(start + size, len(todo))
             t0 = time.monotonic()
             try:
-                self._map(node, fn, [islice(it, stop - start) for it in its], todo, out, clock)
+                self._map(node, fn, [islice(it, stop - start) for it in its], todo, out, clock,
+                          spans)
             finally:  # even on Ctrl-C: what finished in this slice is kept
                 persist(todo[start:len(out)], out[start:])
+            if start == 0 and spans is not None:
+                clock = _per_call(spans, len(out))
             quick = time.monotonic() - t0 < FLUSH_SECONDS / 4
             size = min(size * 2, PERSIST_SLICE) if quick else max(1, size // 2)
             start = stop
+        _close(spans, len(out))
         _SLICES[node] = size
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
-             todo: Sequence[int], out: list[Any], clock: Clock | None = None) -> list[Any]:
+             todo: Sequence[int], out: list[Any], clock: Clock | None = None,
+             spans: list[list[Any]] | None = None) -> list[Any]:
         """Call ``fn`` over the argument iterators into ``out``; a failing call marks its item
-        and the loop resumes after it (C-level ``map``: no per-item Python overhead)."""
+        and the loop resumes after it (C-level ``map``: no per-item Python overhead). Without
+        a ``clock``, the calls are timed together as one span appended to ``spans``."""
+        first, t0 = len(out), time.perf_counter()
         while True:
             try:
                 if clock is None:
                     out.extend(map(fn, *its))
                 else:
                     clock.run(fn, its, out)
-                return out
+                break
             except Exception as exc:
                 self._record_failure(node, todo[len(out)], exc)
                 out.append(MISSING)
+        if spans is not None and clock is None and len(out) > first:
+            spans.append([first, len(out), t0, time.perf_counter(), None])
+        return out
 
     async def _call_async(self, node: HyperNode, todo: Sequence[int], guard: Any = None,
                           persist: Persist | None = None) -> list[Any]:
@@ -111,8 +133,10 @@ class ColumnCalls:
         plain = (guard is None and persist is None and not self.settings.want_events
                  and not node.nests)
         if plain and node.is_async and not node.streaming and len(todo) <= limit:
-            return self._gathered(node, todo, await asyncio.gather(
-                *map(_positional(node), *its), return_exceptions=True))
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*map(_positional(node), *its), return_exceptions=True)
+            self.times[node.name] = (todo, [[0, len(todo), t0, time.perf_counter(), None]])
+            return self._gathered(node, todo, results)
         sem = asyncio.Semaphore(limit)
         params = node.params
 
@@ -191,6 +215,30 @@ class ColumnCalls:
                 events.append(event)
 
         return Guard(node, report)
+
+
+PROBE = 8  # calls timed together before deciding whether a node's calls are timed one by one
+SLOW_CALL = 20e-6  # from this call time on, a per-call clock reading costs < 2%
+
+
+def _per_call(spans: list[list[Any]], at: int) -> Clock | None:
+    """A ``Clock`` for the calls after ``at`` when the first span shows slow calls (their
+    history then has each call's own time), else ``None`` (trivial calls keep the C-level
+    ``map`` with no reading per call; their history has their span's average)."""
+    if not spans:
+        return None
+    first, last, t0, t1, _ = spans[-1]
+    if (t1 - t0) / (last - first) < SLOW_CALL:
+        return None
+    clock = Clock()
+    spans.append([at, at, 0.0, 0.0, clock])
+    return clock
+
+
+def _close(spans: list[list[Any]] | None, end: int) -> None:
+    """The per-call segment (if any) covers the calls up to ``end``."""
+    if spans and spans[-1][4] is not None:
+        spans[-1][1] = end
 
 
 class Clock:

@@ -82,6 +82,8 @@ class Columnar(ColumnCalls):
         self.input_ids: dict[str, list[str] | str] = {}
         self.events: list[NodeColumns | Event] = []  # the parts of this batch's BatchEvent
         self.timing: dict[str, tuple[Sequence[int], Clock]] = {}  # node -> (positions, times)
+        # node -> (positions, spans [first, last, start, end, Clock | None]): history times
+        self.times: dict[str, tuple[Sequence[int], list[list[Any]]]] = {}
         self.wanted = set(settings.select or plan.outputs)
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
@@ -403,6 +405,11 @@ class Columnar(ColumnCalls):
             self.chunk.offset, n, outputs, dict(self.failed), tuple(n.name for n in self.plan.nodes),
             self.codes, None, [], executed, hits,
         )
+        times = dict(self.times)
+        for name, (positions, clock) in self.timing.items():
+            times[name] = (positions, [[0, len(positions), 0.0, 0.0, clock]])
+        result.times, result.clock, result.started = times, self.clock, self.started
+        result.node_outputs = {node.name: node.outputs for node in self.plan.nodes}
         if self.settings.want_events:
             result.events = [self._batch_event()]
         return result

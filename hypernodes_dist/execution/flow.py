@@ -27,6 +27,7 @@ from typing import Any
 
 from hypernodes_dist.cache.keys import WriteBuffer, scope_token
 from hypernodes_dist.events import NodeColumns
+from hypernodes_dist.execution.calls import Clock
 from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import PARENT, worker_id
 from hypernodes_dist.execution.guard import WINDOW, Attempts
@@ -143,6 +144,7 @@ class ItemFlow(Columnar):
             if nested is not None:
                 PARENT.reset(nested)
         self.last = (t0, time.perf_counter())
+        self._timed(node.name, i, *self.last)
         if key is not None and self.writes is not None:
             self.writes.add(key, value, node.name)
         self._store(node, {i: value}, RAN)
@@ -218,20 +220,26 @@ class ItemFlow(Columnar):
         if code == HIT:
             self.hit_items.setdefault(node.name, []).extend(items)
             return
-        ran = self.ran.get(node.name)
+        # executions are timed into ``ran`` as they finish, events or not (``_timed``)
+
+    def _timed(self, name: str, i: int, start: float, end: float) -> None:
+        """Item ``i``'s call of ``name`` ran from ``start`` to ``end`` (events and history)."""
+        ran = self.ran.get(name)
         if ran is None:
-            ran = self.ran[node.name] = ([], array("d"), array("d"))
-        start, end = self.last
-        for i in items:
-            ran[0].append(i)
-            ran[1].append(start)
-            ran[2].append(end)
+            ran = self.ran[name] = ([], array("d"), array("d"))
+        ran[0].append(i)
+        ran[1].append(start)
+        ran[2].append(end)
 
     def finish(self) -> BatchResult:
         """The batch's ``BatchResult`` (its executions as ``NodeColumns``, in item order)."""
         if self.settings.want_events:
             for node in self.plan.nodes:
                 self._columns_of(node)
+        for name, (positions, starts, ends) in self.ran.items():  # the items' history
+            clock = Clock()
+            clock.starts, clock.ends = starts, ends
+            self.times[name] = (positions, [[0, len(positions), 0.0, 0.0, clock]])
         result = self._result()
         result.worker, result.run_prefix = worker_id(), self.settings.run_prefix
         return result

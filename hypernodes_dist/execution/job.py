@@ -66,17 +66,58 @@ class BatchResult:
     hits: int = 0
     worker: str = ""
     run_prefix: str = ""
+    # columnar: when each node's calls ran (``calls.py``), for the items' history
+    times: dict[str, tuple[Sequence[int], list[list[Any]]]] = field(default_factory=dict)
+    clock: float = 0.0  # wall-clock seconds = perf_counter reading + clock
+    started: float = 0.0  # the batch's start (wall clock): when its cache hits were read
+    node_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def run_id_of(self, i: int) -> str:
         return f"{self.run_prefix}{self.offset + i}"
 
     def history_of(self, i: int) -> list[NodeExecution]:
+        """Item ``i``'s executions in plan order: outputs (those the map returns), start,
+        duration and worker like ``run()``'s history (a cache hit took no time)."""
         if self.histories is not None:
             return self.histories[i]
-        return [
-            NodeExecution(name, step, cached=self.codes[name][i] == HIT)
-            for step, name in enumerate(n for n in self.order if self.codes[n][i])
-        ]
+        history = []
+        for step, name in enumerate(n for n in self.order if self.codes[n][i]):
+            hit = self.codes[name][i] == HIT
+            started, duration = (self.started, 0.0) if hit else self._time_of(name, i)
+            outputs = {o: self.outputs[o][i] for o in self.node_outputs.get(name, ())
+                       if o in self.outputs and self.outputs[o][i] is not MISSING}
+            history.append(NodeExecution(name, step, outputs=outputs, cached=hit,
+                                         duration_ms=duration, started_at=started,
+                                         worker=self.worker))
+        return history
+
+    def _time_of(self, name: str, i: int) -> tuple[float, float]:
+        """``(started_at, duration_ms)`` of item ``i``'s call of ``name``: its own reading,
+        or its share of the span of calls timed together."""
+        found = self.times.get(name)
+        if found is None:
+            return self.started, 0.0
+        positions, spans = found
+        k = self._position(name, positions, i)
+        for first, last, t0, t1, clock in spans:
+            if first <= k < last:
+                if clock is not None:
+                    start, end = clock.starts[k - first], clock.ends[k - first]
+                else:
+                    each = (t1 - t0) / (last - first)
+                    start = t0 + (k - first) * each
+                    end = start + each
+                return start + self.clock, (end - start) * 1e3
+        return self.started, 0.0
+
+    def _position(self, name: str, positions: Sequence[int], i: int) -> int:
+        if isinstance(positions, range):
+            return (i - positions.start) // positions.step if i in positions else -1
+        where = self.__dict__.setdefault("_where", {})
+        index = where.get(name)
+        if index is None:
+            index = where[name] = {p: k for k, p in enumerate(positions)}
+        return index.get(i, -1)
 
     def row(self, i: int) -> dict[str, Any]:
         return {k: col[i] for k, col in self.outputs.items() if col[i] is not MISSING}
