@@ -18,6 +18,7 @@ __all__ = [
     "NodeError",
     "EngineNotFoundError",
     "UnpicklableError",
+    "NestedPause",
     "annotate",
     "portable",
 ]
@@ -78,6 +79,17 @@ class NodeError(RuntimeError):
 
 class EngineNotFoundError(LookupError):
     """No installed engine plugin has the requested name."""
+
+
+class NestedPause(BaseException):
+    """An interrupt inside a nested graph paused it: the calling run pauses too. A
+    ``BaseException`` so that retries and ``on_error`` never treat it as a failure."""
+
+    def __init__(self, name: str, value: object, response_param: str) -> None:
+        super().__init__(f"interrupt {name!r} is waiting for {response_param!r}")
+        self.name = name
+        self.value = value
+        self.response_param = response_param
 
 
 class UnpicklableError(TypeError):

@@ -58,7 +58,9 @@ class Plan:
         # that can END must be comparable with every other node (each one its ancestor or
         # its descendant): then every item meets them in plan order, as the scheduler runs
         # them, and END stops exactly the nodes after the gate (see ``_ends_in_order``)
-        self.columnar = not topology.has_cycles and all(
+        self.columnar = not topology.has_cycles and not any(  # nested interrupts pause runs
+            n.nests and n.inner.interrupts for n in self.nodes  # type: ignore[attr-defined]
+        ) and all(
             n.kind in ("function", "branch", "gate") for n in self.nodes
         ) and all(self._ends_in_order(i) for i, n in enumerate(self.nodes)
                   if n.kind == "gate" and END in n.choices)  # type: ignore[attr-defined]
@@ -70,7 +72,11 @@ class Plan:
         # (async call, retry back-off, limit) holds back no other
         self.flows = self.columnar and (self.is_async or any(
             n.policy is not None and n.policy.waits for n in self.nodes))
-        self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt")
+        # interrupts of this graph and of its nested graphs (which pause this graph's runs)
+        self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt") + tuple(
+            i for n in self.nodes if n.nests for i in n.inner.interrupts)  # type: ignore[attr-defined]
+        self.nested_in = {i.name: n.name for n in self.nodes if n.nests
+                          for i in n.inner.interrupts}  # type: ignore[attr-defined]
         self.graph_hash = _structure_hash(self.nodes)
         self._code_ids: dict[str, str] | None = None
 
@@ -93,6 +99,10 @@ class Plan:
         if every:
             return self._code_ids
         return {k: v for k, v in self._code_ids.items() if self.cacheable(self.by_name[k])}
+
+    def interrupt(self, name: str) -> HyperNode:
+        """The interrupt node called ``name`` (of this graph or of a nested one)."""
+        return next(i for i in self.interrupts if i.name == name)
 
     def cacheable(self, node: HyperNode) -> bool:
         return node.cache and node.kind != "interrupt" and node.func is not None

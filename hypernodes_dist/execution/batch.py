@@ -77,8 +77,10 @@ async def _per_item(
         run_id = settings.run_id(index)
         emit = result.events.append if settings.want_events else None
         state = RunState.start(chunk.item(i))
+        if settings.responses:
+            state.responses.update(settings.responses)
         ctx = RunContext(settings.session_id, run_id, emit=emit, keys=keys, writes=writes,
-                         item_index=index, running=running)
+                         item_index=index, running=running, handlers=settings.handlers or {})
         t0 = time.perf_counter()
         if emit:
             emit(RunStartEvent(session_id=settings.session_id, run_id=run_id, item_index=index,
@@ -89,6 +91,10 @@ async def _per_item(
         except Exception as exc:
             error = _fail(exc, settings)
             result.errors[i] = error
+        if state.pending_interrupt is not None:  # a nested graph's run (map rejects these)
+            pending = state.pending_interrupt
+            result.paused[i] = (pending, state.pending_value if pending not in plan.by_name
+                                else state.values.get(plan.by_name[pending].params[0]))
         for k, col in result.outputs.items():
             col[i] = state.values.get(k, MISSING) if k in state.produced else MISSING
         if settings.select is not None:  # history carries the outputs the map returns
@@ -99,7 +105,8 @@ async def _per_item(
         result.hits += sum(1 for h in state.history if h.cached)
         if emit:
             emit(RunEndEvent(session_id=settings.session_id, run_id=run_id, item_index=index,
-                             status="error" if error else "complete", error=error,
+                             status="error" if error else "interrupted" if state.pending_interrupt else "complete",
+                             error=error,
                              outputs=state.outputs(), duration_ms=(time.perf_counter() - t0) * 1e3))
 
     if plan.is_async:

@@ -29,6 +29,9 @@ class BatchSettings:
     cache: Any = None
     want_events: bool = False
     concurrency: int | None = None  # async node calls in flight per batch (None: the batch)
+    # a nested graph's run (Graph.as_node): interrupt answers, by interrupt name
+    responses: dict[str, Any] | None = None
+    handlers: dict[str, Callable[[Any], Any]] | None = None
 
     def run_id(self, index: int) -> str:
         return f"{self.run_prefix}{index}"
@@ -71,6 +74,8 @@ class BatchResult:
     clock: float = 0.0  # wall-clock seconds = perf_counter reading + clock
     started: float = 0.0  # the batch's start (wall clock): when its cache hits were read
     node_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # per item: items paused at an interrupt -> (interrupt name, its value)
+    paused: dict[int, tuple[str, Any]] = field(default_factory=dict)
 
     def run_id_of(self, i: int) -> str:
         return f"{self.run_prefix}{self.offset + i}"

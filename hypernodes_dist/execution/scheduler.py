@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, scope_token
-from hypernodes_dist.errors import GateDecisionError, MaxIterationsError, annotate
+from hypernodes_dist.errors import GateDecisionError, MaxIterationsError, NestedPause, annotate
 from hypernodes_dist.events import (
     Event,
     GateDecisionEvent,
@@ -69,6 +69,7 @@ class RunState:
     step_index: int = 0
     ended: bool = False
     pending_interrupt: str | None = None
+    pending_value: Any = None  # the value of an interrupt that paused inside a nested graph
     # node -> (seen, count, consumed an activation) before its current, unfinished execution
     inflight: dict[str, tuple[tuple[int, ...] | None, int, bool]] = field(default_factory=dict)
     # produced names a checkpoint did not keep -> (cache key, producer) to refetch them
@@ -270,6 +271,10 @@ class Scheduler:
                 self._emit_start(node, step, kwargs, iteration, parallel_index)
                 value = await self._compute(node, kwargs, step, key, timing)
             outputs = self._apply(node, value, key, step)
+        except NestedPause as pause:  # an interrupt inside a nested graph: pause this run too
+            state.rollback(name)
+            self._pause(node, step, pause)
+            return
         except BaseException as exc:
             state.rollback(name)
             if isinstance(exc, Exception):
@@ -468,6 +473,15 @@ class Scheduler:
         if emit is not None:
             emit(NodeEndEvent(**self._base(node, step), outputs=outputs,
                               iteration=state.counts[name] - 1))
+
+    def _pause(self, node: HyperNode, step: int, pause: NestedPause) -> None:
+        """Pause at ``pause.name``; the nested node runs again (answered) on resume."""
+        self.state.pending_interrupt = pause.name
+        self.state.pending_value = pause.value
+        if self.ctx.emit is not None:
+            self.ctx.emit(InterruptEvent(**self._base(node, step), interrupt_name=pause.name,
+                                         value=pause.value,
+                                         checkpoint_id=self.ctx.pause_checkpoint_id))
 
     # ------------------------------------------------------------------ events
     def _base(self, node: HyperNode, step: int) -> dict[str, Any]:

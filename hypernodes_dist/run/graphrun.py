@@ -129,8 +129,8 @@ class GraphRun:
                 event, fut = self._queue.popleft()
                 if fut is not None and not fut.done():
                     fut.set_result(None)
-                if isinstance(event, InterruptEvent):
-                    node = self._run.graph.plan.by_name[event.interrupt_name]
+                if isinstance(event, InterruptEvent) and event.parent_run_id is None:
+                    node = self._run.graph.plan.interrupt(event.interrupt_name)
                     self._interrupt = Interrupt(event.interrupt_name, event.value,
                                                 node.response_param)  # type: ignore[attr-defined]
                 return event
@@ -155,7 +155,7 @@ class GraphRun:
                 f"{{{pending.response_param!r}: ...}}, got keys {sorted(response)}"
             )
         plan = self._run.graph.plan
-        answers = {name: validate_response(plan.by_name[name], v) for name, v in answers.items()}
+        answers = {name: validate_response(plan.interrupt(name), v) for name, v in answers.items()}
         self._run.state.responses.update(answers)
         self._interrupt = None
         assert self._answered is not None

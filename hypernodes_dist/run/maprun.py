@@ -32,7 +32,9 @@ def run_map(
 ) -> MapResult:
     """Run every item of a map on ``engine``; results in item order."""
     if plan.interrupts:
-        names = ", ".join(n.name for n in plan.interrupts)
+        names = ", ".join(
+            f"{n.name!r} inside nested graph {plan.nested_in[n.name]!r}"
+            if n.name in plan.nested_in else repr(n.name) for n in plan.interrupts)
         raise TypeError(
             f"map() cannot run a graph with an InterruptNode ({names}); answer interrupts in "
             "run()/iter() per item instead"

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hypernodes_dist.cache.hashing import combine
-from hypernodes_dist.errors import GraphBuildError
+from hypernodes_dist.errors import GraphBuildError, NestedPause
 from hypernodes_dist.events import expanded
 from hypernodes_dist.execution.batch import run_batch
 from hypernodes_dist.execution.context import PARENT
@@ -113,12 +113,20 @@ class _NestedCall:
             settings.cache = parent.cache  # identical inner items compute once, as in map
             # inner run ids read {parent run}/{node}-{call}.{element}: unique per call
             settings.run_prefix = f"{parent.run_id}/{self.name}-{next(_CALLS)}."
+            if self.plan.interrupts:  # answers given to the calling run are used up here
+                given = parent.responses or {}
+                settings.responses = {i.name: given.pop(i.name) for i in self.plan.interrupts
+                                      if i.name in given}
+                settings.handlers = parent.handlers
         batch = await run_batch(self.plan, chunk, settings)
         if parent is not None and parent.emit is not None:
             for event in expanded(batch.events):
                 if event.parent_run_id is None:
                     event.parent_run_id = parent.run_id
                 parent.emit(event)
+        if batch.paused:  # an interrupt with no answer: the calling run pauses too
+            name, value = batch.paused[min(batch.paused)]
+            raise NestedPause(name, value, self.plan.interrupt(name).response_param)  # type: ignore[attr-defined]
         return self.result(batch)
 
     def identity(self) -> str:
@@ -140,8 +148,13 @@ def graph_node(
     """Build the ``GraphNode`` of ``graph.as_node(...)``; see ``Graph.as_node``."""
     plan = graph.plan
     node_name = name or graph.name
-    if plan.interrupts:
-        raise TypeError(f"graph {node_name!r} has an InterruptNode and cannot be used as a node")
+    if plan.interrupts and map_over:
+        names = ", ".join(repr(i.name) for i in plan.interrupts)
+        raise TypeError(
+            f"graph {node_name!r} has an InterruptNode ({names}) and cannot be nested with "
+            "map_over: every element would pause on its own, and one response parameter "
+            "cannot answer them; nest it without map_over (the outer run pauses and resumes "
+            "with the response), or answer with handlers in an explicit loop")
     rename_in = dict(inputs or {})
     unknown_in = [inner for inner in rename_in.values() if inner not in plan.inputs]
     if unknown_in:
@@ -171,4 +184,5 @@ def graph_node(
         defaults=defaults,
         outputs=tuple(out_map),
         version=call.identity(),
+        cache=not plan.interrupts,  # its result depends on a response, not only its inputs
     )

@@ -193,8 +193,10 @@ class LocalRun:
         name = self.state.pending_interrupt
         if name is None:
             return None
-        node = self.graph.plan.by_name[name]
-        return Interrupt(name, self.state.values.get(node.input_param), node.response_param)  # type: ignore[attr-defined]
+        node = self.graph.plan.interrupt(name)
+        value = self.state.values.get(node.input_param) if name in self.graph.plan.by_name \
+            else self.state.pending_value  # paused inside a nested graph
+        return Interrupt(name, value, node.response_param)  # type: ignore[attr-defined]
 
     def result(self, status: str) -> GraphResult:
         state = self.state

@@ -106,3 +106,11 @@ def test_a_cache_hit_reports_only_its_end(engine, nodes, tmp_path, logs):
     hits = [e for e in events.ends if e.node_id == "logged_square"]
     assert len(hits) == 2 and all(e.cached for e in hits)
     assert [e.node_id for e in events.starts if e.node_id == "logged_square"] == []
+
+
+# ------------------------------------------------------------------ nested interrupts
+
+
+def test_map_over_a_nested_interrupt_raises_naming_it(engine):
+    with pytest.raises(TypeError, match=r"approval.*review|review.*approval"):
+        Graph(E.outer_review(), engine=engine).map({"topic": ["a", "b"]}, map_over="topic")
