@@ -146,8 +146,7 @@ class Fold:
             mid = mid or _map_id(run_id, item, session)
             if mid not in self.nodes:
                 self.put(TraceNode(mid, "map", session_id=session, status="running"))
-        rec = self.put(TraceNode(run_id, "run", run_id, session_id=session, item_index=item,
-                                 parent_run_id=parent))
+        rec = self.put(TraceNode(run_id, "run", run_id, "", 0, "pending", session, item, parent))
         if parent:
             self.edges.append((self._nesting(parent, run_id) or parent, run_id, "nested"))
         elif item is not None:
