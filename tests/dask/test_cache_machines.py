@@ -65,7 +65,8 @@ class Cluster:
         stop([self.workers.pop(name)])
 
     def close(self) -> None:
-        stop(self.procs)
+        stop(list(self.workers.values()))  # workers first: they close cleanly while the
+        stop(self.procs)  # scheduler still answers (then the scheduler and any leftovers)
 
 
 def wait_for(client, names: set[str], timeout: float = 60) -> dict[str, str]:
