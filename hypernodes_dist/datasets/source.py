@@ -61,8 +61,8 @@ class Source:
 
     def head(self, k: int, columns: Sequence[str]) -> dict[str, list[Any]]:
         """The first ``k`` rows of ``columns`` as Python lists (to type the outputs)."""
-        for part in self.parts(k):
-            return {c: _pylist(v) for c, v in part.read(columns).items()}
+        for part in self.parts(k):  # a Dask partition may hold more than k rows
+            return {c: _pylist(v)[:k] for c, v in part.read(columns).items()}
         return {c: [] for c in columns}
 
 
