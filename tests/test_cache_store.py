@@ -280,3 +280,14 @@ def test_clear_by_scope_and_node_and_stats(kind: str, tmp_path: pathlib.Path) ->
         cache.clear("nope")
     assert cache.clear() == 5
     assert cache.stats()["entries"] == 0
+
+
+def test_a_segment_over_the_store_limit_is_skipped_not_fatal(tmp_path: pathlib.Path) -> None:
+    cache = DiskCache(tmp_path / "c")
+    store = cache._open()
+    store.max_segment_bytes = 1000  # stands in for SQLite's 1 GB blob limit
+    with pytest.warns(RuntimeWarning, match="not cached"):
+        cache.set_many({"huge": b"x" * 5000}, node="n")
+    cache.set_many({"small": 1}, node="n")  # writing is still on
+    assert cache.get_many(["huge", "small"]) == {"small": 1}
+    assert cache.stats()["writable"] is True

@@ -78,6 +78,8 @@ class DiskCache(SegmentCache):
 class _SQLiteStore:
     """Segments as rows of one SQLite table (see the module docstring)."""
 
+    max_segment_bytes = 900_000_000  # SQLite's default blob limit is 1e9 bytes
+
     def __init__(self, path: str, timeout: float, create: bool) -> None:
         self.path = path
         self.timeout = timeout

@@ -317,7 +317,14 @@ class SegmentCache:
         if store is None:
             return
         group = node or NO_NODE
+        limit = getattr(store, "max_segment_bytes", None)
         for packed in pack(items):
+            if limit is not None and len(packed.data) > limit:  # one huge value: skip it only
+                warnings.warn(
+                    f"hypernodes-dist: {len(packed.keys)} result(s) of node {group!r} take "
+                    f"{len(packed.data)} bytes, more than {self._where()} stores in one piece "
+                    f"({limit}); not cached", RuntimeWarning, stacklevel=2)
+                continue
             try:
                 ref, size = store.put(self.scope, group, packed)
             except self._errors as exc:
