@@ -4,7 +4,9 @@ Run: ``python benchmarks/bench_cache_store.py [--quick]``. Prints a table and wr
 ``benchmarks/results/cache_store.json``. The contention section compares diskcache's
 ``FanoutCache`` (defaults: 8 shards, 10 ms timeout; ``set`` swallows timeouts) with a plain
 ``Cache(timeout=60)`` and with ``DiskCache``: N spawned processes each write M keys to one
-directory, then the surviving entries are counted.
+directory, then the surviving entries are counted. (``DiskCache`` no longer builds on the
+``diskcache`` package: one SQLite row per batch of results, see ``hypernodes_dist.cache.disk``;
+``diskcache`` is a test/benchmark dependency for this comparison only.)
 """
 
 from __future__ import annotations
