@@ -229,7 +229,10 @@ class SegmentCache:
         last = self._known.refreshed.get(node)
         if last is None:
             return True
-        version = store.version(self.scope, node)
+        try:
+            version = store.version(self.scope, node)
+        except self._errors:  # cannot tell: the refresh reports what is wrong
+            return True
         if version is not None:
             return version != last[1]
         return time.monotonic() - last[0] >= self.refresh_seconds
