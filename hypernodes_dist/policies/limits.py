@@ -31,7 +31,7 @@ from typing import Any
 
 from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 
-__all__ = ["Slots", "Rate", "register_backend", "backend", "limiter", "MAX_RATE_BLOCK"]
+__all__ = ["Slots", "Rate", "register_backend", "backend", "limiter", "settle", "MAX_RATE_BLOCK"]
 
 MAX_RATE_BLOCK = 64  # start times one rate reservation may take at most
 LINGER = 0.05  # seconds a remote backend's idle unit stays with the process
@@ -194,6 +194,14 @@ class Slots:
                     break
                 self._hand_over()
 
+    def settle(self) -> None:
+        """Give the idle units back now (``LINGER`` cut short: the process has no more work)."""
+        with self.lock:
+            idle, self.free, self.idle_since = self.free, 0, None
+        for _ in range(idle):
+            self.backend_ops += 1
+            self.sem.give()
+
     def _hand_over(self) -> None:
         with self.lock:
             if self._grant():
@@ -288,6 +296,13 @@ def limiter(kind: str, key: str, *spec: Any) -> Any:
                     found = Rate(where.rate(key, *spec))
                 _LIMITERS[cache_key] = found
     return found
+
+
+def settle() -> None:
+    """Give every limit's idle units back to its backend now (a worker with no more work)."""
+    for found in list(_LIMITERS.values()):
+        if isinstance(found, Slots):
+            found.settle()
 
 
 def _forget_in_child() -> None:

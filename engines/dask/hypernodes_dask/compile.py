@@ -46,6 +46,7 @@ from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, MapJob
 from hypernodes_dist.plan import Plan
+from hypernodes_dist.policies.limits import settle
 
 from .packing import Packed, pack
 
@@ -193,6 +194,7 @@ def _execute(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
 
 _FLOWING: list[threading.Semaphore] = []  # this process's slots for flowing partitions
 _FLOWING_LOCK = threading.Lock()
+_RUNNING = [0]  # flowing partitions running in this process
 
 
 def _distributed_worker() -> Any:
@@ -216,9 +218,17 @@ def _seceded(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     with _FLOWING_LOCK:
         if not _FLOWING:
             _FLOWING.append(threading.Semaphore(flow_tasks(_distributed_worker().state.nthreads)))
-    with _FLOWING[0]:
-        secede()
-        return execute_batch(plan, chunk, settings)
+        _RUNNING[0] += 1
+    try:
+        with _FLOWING[0]:
+            secede()
+            return execute_batch(plan, chunk, settings)
+    finally:
+        with _FLOWING_LOCK:
+            _RUNNING[0] -= 1
+            last = not _RUNNING[0]
+        if last:  # the worker's last flowing partition: its idle limit units go back now
+            settle()
 
 
 # ------------------------------------------------------------------ the graph
