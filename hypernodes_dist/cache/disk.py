@@ -11,6 +11,7 @@ per batch costs one insert per node and batch, whatever the batch size.
   process loads only the indexes with ``id`` above the last one it saw (one indexed query per
   lookup that misses).
 * **Reads.** Blocks are read with SQLite's incremental blob I/O (only the block's bytes).
+  Pages are 64 KiB: a segment is a large blob, written ~8x faster than through 4 KiB pages.
 * **Visibility.** ``prepare()`` writes ``<path>/hn-marker`` once (atomically: a temporary file
   hard-linked into place); a worker whose ``<path>`` holds no such marker -- another machine,
   or a relative path under another working directory -- raises ``CacheNotVisibleError``.
@@ -93,6 +94,9 @@ class _SQLiteStore:
         if self._con is None:
             con = sqlite3.connect(os.path.join(self.path, DB_NAME), timeout=self.timeout,
                                   isolation_level=None, check_same_thread=False)
+            # 64 KiB pages (for a new database): segments are large blobs, and large pages write
+            # them ~8x faster than the default 4 KiB pages' overflow chains
+            con.execute("PRAGMA page_size=65536")
             con.execute("PRAGMA journal_mode=WAL")
             con.execute("PRAGMA synchronous=NORMAL")
             for statement in _SCHEMA:
