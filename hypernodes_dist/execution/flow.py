@@ -31,7 +31,7 @@ from hypernodes_dist.execution.calls import Clock
 from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import PARENT, worker_id
 from hypernodes_dist.execution.guard import WINDOW, Attempts
-from hypernodes_dist.execution.invoke import call_node
+from hypernodes_dist.execution.invoke import call_node, split_outputs
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import MISSING, Plan
@@ -104,7 +104,7 @@ class ItemFlow(Columnar):
             if value is MISSING and key in self.running:  # an identical item computes it
                 value = await self.running[key]
             if value is not MISSING:
-                self._store(node, {i: value}, HIT)
+                self._put(node, i, value, HIT)
                 return
         shared = key if node.kind == "function" and node.outputs else None  # not decisions
         if shared is not None:
@@ -147,7 +147,34 @@ class ItemFlow(Columnar):
         self._timed(node.name, i, *self.last)
         if key is not None and self.writes is not None:
             self.writes.add(key, value, node.name)
-        self._store(node, {i: value}, RAN)
+        self._put(node, i, value, RAN)
+
+    def _put(self, node: HyperNode, i: int, value: Any, code: int) -> None:
+        """``Columnar._store`` for one item, in O(1) (that one makes a column per call)."""
+        if node.targets:  # a decision: no output column
+            self._store(node, {i: value}, code)
+            return
+        outputs = node.outputs
+        if len(outputs) == 1:
+            parts: Any = (value,)
+        else:
+            try:
+                parts = split_outputs(node, value)
+            except Exception as exc:
+                self._record_failure(node, i, exc)
+                return
+        node_keys = self.node_keys.get(node.name)
+        src_key = node_keys[i] if node_keys is not None else None
+        values = self.values
+        for name, part in zip(outputs, parts):
+            col = values.get(name)
+            if col is None:
+                col = values[name] = [MISSING] * self.n
+            col[i] = part
+            self._src_column(name)[i] = src_key
+        self.codes[node.name][i] = code
+        if self.settings.want_events:
+            self._node_columns(node, (i,), code)
 
     def _kwargs(self, node: HyperNode, i: int) -> dict[str, Any]:
         values, consts, defaults = self.values, self.consts, node.defaults
