@@ -78,6 +78,14 @@ async def pol_selective(x: int, log_dir: str) -> int:
     return x * 10
 
 
+@node(output_name="y", retries=1, backoff=0.2)
+async def pol_backoff(x: int, log_dir: str) -> int:
+    """Fails its first call for each item, then succeeds after the 0.2 s back-off."""
+    if _attempt(log_dir, "backoff", x) == 1:
+        raise FlakyError(f"provider hiccup for {x}")
+    return x
+
+
 # retries in the per-item scheduler path (a branch makes the plan dynamic)
 @branch(when_true="pol_flaky", when_false="pol_skip")
 def pol_route(x: int) -> bool:

@@ -96,6 +96,26 @@ def test_retry_on_retries_only_the_listed_errors(engine, logs):
     assert sorted(e.attempts for e in seen.errors) == [1, 1]
 
 
+def test_waits_are_reported_apart_from_running_time(engine, logs):
+    class Seen(Policies):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ends = {}
+
+        def on_node_end(self, event) -> None:
+            self.ends[event.item_index] = event
+
+    seen = Seen()
+    res = Graph([P.pol_backoff], engine=engine, callbacks=[seen]).map(
+        {"x": [0, 1, 2], "log_dir": logs}, map_over="x")
+    assert [r["y"] for r in res] == [0, 1, 2]
+    retries = {e.item_index: e for e in seen.events if e.kind == "retry"}
+    assert sorted(retries) == [0, 1, 2] and {e.wait for e in retries.values()} == {0.2}
+    for i, end in seen.ends.items():  # the successful attempt began after the back-off:
+        assert end.started_at >= retries[i].timestamp + 0.2 - 0.01  # duration_ms is its own
+        assert end.started_at + end.duration_ms / 1e3 <= end.timestamp + 0.01
+
+
 @pytest.mark.parametrize("sleepy", [P.pol_sleepy, P.pol_asleepy], ids=["sync", "async"])
 def test_timeout_fires_and_names_node_item_and_limit(engine, logs, sleepy):
     seen = Policies()
