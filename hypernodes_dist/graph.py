@@ -21,7 +21,7 @@ from hypernodes_dist.plan import Plan, compile_plan
 from hypernodes_dist.results import GraphResult
 from hypernodes_dist.run.checkpoint import Checkpoint, restore
 from hypernodes_dist.run.graphrun import GraphRun
-from hypernodes_dist.run.maprun import run_map
+from hypernodes_dist.run.maprun import reject_interrupts, run_map
 from hypernodes_dist.run.nested import graph_node
 from hypernodes_dist.run.runner import LocalRun, responses_for
 from hypernodes_dist.visualize import visualize
@@ -276,6 +276,7 @@ class Graph:
             ``.errors``, ``.to_arrow()``, ``.to_pandas()``), or with ``into`` a
             ``DatasetResult`` (Parquet files written by the workers).
         """
+        reject_interrupts(self.plan)  # also for dataset maps (source=, into=)
         if source is not None and (map_over is not None or map_mode != "zip"):
             raise ValueError(
                 "map() takes map_over/map_mode or source=, not both: with a source every row "

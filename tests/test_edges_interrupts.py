@@ -88,3 +88,11 @@ def test_an_interrupt_two_levels_down_pauses_the_top_run():
     paused = Graph([middle]).run({"topic": "deep"})
     assert paused.interrupted and paused.interrupt.name == "approval"
     assert paused.resume({"answer": "yes"})["report"] == "DEEP: YES"
+
+
+def test_dataset_maps_reject_interrupts_too(tmp_path):
+    import pyarrow as pa
+
+    with pytest.raises(TypeError, match=r"'approval' inside nested graph 'review'"):
+        Graph(E.outer_review()).map(source=pa.table({"topic": ["a"]}), into=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -13,7 +13,7 @@ from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run
 from hypernodes_dist.plan import MISSING, Plan
 from hypernodes_dist.results import GraphResult, MapResult
 
-__all__ = ["run_map", "MapCollector"]
+__all__ = ["run_map", "MapCollector", "reject_interrupts"]
 
 
 def run_map(
@@ -31,14 +31,7 @@ def run_map(
     callbacks: Sequence[Any] = (),
 ) -> MapResult:
     """Run every item of a map on ``engine``; results in item order."""
-    if plan.interrupts:
-        names = ", ".join(
-            f"{n.name!r} inside nested graph {plan.nested_in[n.name]!r}"
-            if n.name in plan.nested_in else repr(n.name) for n in plan.interrupts)
-        raise TypeError(
-            f"map() cannot run a graph with an InterruptNode ({names}); answer interrupts in "
-            "run()/iter() per item instead"
-        )
+    reject_interrupts(plan)
     columns, broadcast, n = expand(plan, inputs, map_over, map_mode)
     settings = BatchSettings(
         session_id=session_id or new_session_id(),
@@ -60,6 +53,19 @@ def run_map(
     finally:
         collector.close()
     return collector.result()
+
+
+
+def reject_interrupts(plan: Plan) -> None:
+    """``TypeError`` for a map over a graph with an ``InterruptNode`` (nested ones too)."""
+    if plan.interrupts:
+        names = ", ".join(
+            f"{n.name!r} inside nested graph {plan.nested_in[n.name]!r}"
+            if n.name in plan.nested_in else repr(n.name) for n in plan.interrupts)
+        raise TypeError(
+            f"map() cannot run a graph with an InterruptNode ({names}); answer interrupts in "
+            "run()/iter() per item instead"
+        )
 
 
 class MapCollector:
