@@ -7,7 +7,7 @@ from typing import Any
 
 from hypernodes_dist.engines import resolve
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.execution.scheduler import RunState
+from hypernodes_dist.execution.runstate import RunState
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.inputs import (
     check_inputs,

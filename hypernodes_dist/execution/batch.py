@@ -26,7 +26,8 @@ from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.flow import ItemFlow
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
-from hypernodes_dist.execution.scheduler import RunContext, RunState, Scheduler
+from hypernodes_dist.execution.runstate import RunContext, RunState
+from hypernodes_dist.execution.scheduler import Scheduler
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.plan import MISSING, Plan
 

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from hypernodes_dist.execution.invoke import split_outputs
-from hypernodes_dist.execution.scheduler import RunState
+from hypernodes_dist.execution.runstate import RunState
 from hypernodes_dist.results import NodeExecution
 
 if TYPE_CHECKING:

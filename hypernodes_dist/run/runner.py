@@ -18,7 +18,8 @@ from typing import Any, Protocol
 from hypernodes_dist.cache.keys import Keys
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.events import Dispatcher, Event, RunEndEvent, RunStartEvent, StateSnapshotEvent
-from hypernodes_dist.execution.scheduler import RunContext, RunState, Scheduler
+from hypernodes_dist.execution.runstate import RunContext, RunState
+from hypernodes_dist.execution.scheduler import Scheduler
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.results import GraphResult
 from hypernodes_dist.run.checkpoint import Checkpoint, capture, new_checkpoint_id, refetch
