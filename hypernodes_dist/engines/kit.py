@@ -12,10 +12,12 @@ import cloudpickle
 from hypernodes_dist.errors import UnpicklableError
 from hypernodes_dist.plan import Plan
 
-__all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU", "unpicklable",
+__all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU", "FLOW_ITEMS_PER_CPU", "unpicklable",
            "check_picklable"]
 
 FLOW_TASKS_PER_CPU = 4
+FLOW_ITEMS_PER_CPU = 1_000
+MAX_FLOW_TASKS = 64
 
 
 def partition_size(n: int, workers: int, tasks_per_worker: int = 4,
@@ -34,12 +36,20 @@ def partition_size(n: int, workers: int, tasks_per_worker: int = 4,
     return max(1, min(max_size, math.ceil(n / (max(1, workers) * max(1, tasks_per_worker)))))
 
 
-def flow_tasks(cpus: int) -> int:
+def flow_tasks(cpus: int, size: int | None = None) -> int:
     """Partitions of a plan whose items flow that one process runs at once (threads, or
-    coroutines of one loop). Their items mostly wait (calls, back-offs), so a process
-    runs several: while one partition ends with its tail (its slowest item), the others
-    keep the limits busy, whatever the partition size."""
-    return FLOW_TASKS_PER_CPU * max(1, cpus)
+    coroutines of one loop) on ``cpus`` CPUs, for partitions of ``size`` items.
+
+    Their items mostly wait (calls, back-offs), so a process runs several: while one
+    partition ends with its tail (its slowest item, e.g. one sleeping in a retry
+    back-off), the others keep the limits busy. At least ``FLOW_TASKS_PER_CPU`` per CPU,
+    and with small partitions enough of them to keep ``FLOW_ITEMS_PER_CPU`` items in
+    flight per CPU (at most ``MAX_FLOW_TASKS``): the tails then overlap whatever the
+    partition size.
+    """
+    cpus = max(1, cpus)
+    wanted = math.ceil(FLOW_ITEMS_PER_CPU * cpus / size) if size else 0
+    return min(MAX_FLOW_TASKS, max(FLOW_TASKS_PER_CPU * cpus, wanted))
 
 
 def unpicklable(plan: Plan, broadcast: Mapping[str, Any], where: str) -> UnpicklableError | None:

@@ -115,7 +115,7 @@ class DaftEngine(Engine):
         flows = local and job.plan.flows  # async UDF: batches in flight at once (udf.py)
         udf = daft.func.batch(
             return_dtype=DataType.binary(), batch_size=size, use_process=False if local else None,
-            max_concurrency=flow_tasks(os.cpu_count() or 1) if flows else None,
+            max_concurrency=flow_tasks(os.cpu_count() or 1, size) if flows else None,
         )(fn)
         frame = item_frame(job.columns, job.n)
         if not local:  # Ray: one partition per batch, at most a few per CPU of the cluster

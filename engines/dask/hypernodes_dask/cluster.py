@@ -16,6 +16,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from hypernodes_dist.engines.kit import flow_tasks
+
 from .mainguard import check_main
 
 __all__ = ["ClientHandle", "ProcessPool"]
@@ -86,28 +88,38 @@ class ClientHandle:
 
 
 class ProcessPool:
-    """A process pool kept across maps (spawning workers costs ~1 s), plus a scratch directory."""
+    """The process pools kept across maps (spawning workers costs ~1 s), plus a scratch directory.
+
+    Two pools, each started on first use: ``workers`` processes for plans that compute, and
+    ``kit.flow_tasks(workers)`` processes for plans whose items flow (async calls, waiting
+    policies). A process of the pool runs one partition at a time, and a flowing partition
+    ends with its tail (its slowest item, e.g. one sleeping in a retry back-off) while its
+    process is otherwise idle: with several processes per CPU the other partitions keep the
+    limits busy during one's tail, whatever the partition size.
+    """
 
     def __init__(self, workers: int):
         self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
+        self._pools: dict[int, ProcessPoolExecutor] = {}
         self._dir: str | None = None
         self._lock = threading.Lock()
 
-    def pool(self) -> ProcessPoolExecutor:
+    def pool(self, flows: bool = False) -> ProcessPoolExecutor:
         from dask.multiprocessing import get_context, initialize_worker_process
 
+        size = flow_tasks(self.workers) if flows else self.workers
         with self._lock:
-            if self._pool is not None and getattr(self._pool, "_broken", False):
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
-            if self._pool is None:
+            pool = self._pools.get(size)
+            if pool is not None and getattr(pool, "_broken", False):
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = None
+            if pool is None:
                 context = get_context()
                 check_main(context.get_start_method())
-                self._pool = ProcessPoolExecutor(
-                    self.workers, mp_context=context, initializer=initialize_worker_process
+                pool = self._pools[size] = ProcessPoolExecutor(
+                    size, mp_context=context, initializer=initialize_worker_process
                 )
-            return self._pool
+            return pool
 
     def scratch(self) -> str:
         with self._lock:
@@ -117,9 +129,9 @@ class ProcessPool:
 
     def close(self) -> None:
         with self._lock:
-            pool, directory = self._pool, self._dir
-            self._pool, self._dir = None, None
-        if pool is not None:
+            pools, directory = list(self._pools.values()), self._dir
+            self._pools, self._dir = {}, None
+        for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)

@@ -161,13 +161,13 @@ class DaskEngine(Engine):
         return partition_size(n, self.workers(), self.tasks_per_worker, self.max_partition_size,
                               flows)
 
-    def _threads(self, job: MapJob) -> int | None:
+    def _threads(self, job: MapJob, size: int) -> int | None:
         """Threads of the ``"threads"`` scheduler: for a plan whose items flow, several
-        partitions per CPU at once (``kit.flow_tasks``): they mostly wait, and one ending
-        with its slowest item does not leave the limits idle."""
+        partitions of ``size`` items per CPU at once (``kit.flow_tasks``): they mostly
+        wait, and one ending with its slowest item does not leave the limits idle."""
         if not job.plan.flows:
             return self.num_workers
-        return max(self.num_workers or 1, flow_tasks(self.num_workers or _cpu_count()))
+        return max(self.num_workers or 1, flow_tasks(self.num_workers or _cpu_count(), size))
 
     def close(self) -> None:
         if self._cluster is not None:
@@ -295,11 +295,12 @@ class DaskEngine(Engine):
         try:
             if self._processes is not None:
                 dask.multiprocessing.get(
-                    dsk, keys, pool=self._processes.pool(), optimize_graph=False,
+                    dsk, keys, pool=self._processes.pool(job.plan.flows), optimize_graph=False,
                     chunksize=1, callbacks=callbacks,
                 )
             elif self.scheduler == "threads":
-                dask.threaded.get(dsk, keys, num_workers=self._threads(job), callbacks=callbacks)
+                dask.threaded.get(dsk, keys, num_workers=self._threads(job, size),
+                                  callbacks=callbacks)
             else:
                 dask.local.get_sync(dsk, keys, callbacks=callbacks)
         except BrokenProcessPool as exc:  # a worker process died with partitions in flight
