@@ -28,3 +28,17 @@ def test_an_unpicklable_broadcast_input_is_one_error_type_on_every_engine(tmp_pa
     with pytest.raises(UnpicklableError, match=r"input 'handle'") as info:
         graph.map({"x": [1, 2], "log_dir": str(tmp_path), "handle": G.Handle()}, map_over="x")
     assert "pass it as an input" not in str(info.value)  # it already is one
+
+
+def test_an_unpicklable_broadcast_input_of_a_dataset_map_is_the_same_error(tmp_path):
+    import pyarrow as pa
+
+    from hypernodes_daft import DaftEngine
+
+    graph = Graph([G.logged_inc, G.echo], engine=DaftEngine())
+    with pytest.raises(UnpicklableError, match=r"input 'handle'"):
+        graph.map(source=pa.table({"x": [1, 2]}), into=str(tmp_path / "out"),
+                  inputs={"log_dir": str(tmp_path), "handle": G.Handle()})
+    calls = [p for p in tmp_path.iterdir() if len(p.name) == 32]  # logged_inc: a file a call
+    assert not calls  # refused before anything ran
+

@@ -25,3 +25,9 @@ def locked_failure(x: int) -> int:
 @node(output_name="y")
 def returns_lock(x: int):
     return threading.Lock() if x == 1 else x
+
+
+@node(output_name="y")
+def factor_of(item: object) -> int:
+    """Reads an attribute of a mapped value (the value's class may live anywhere)."""
+    return item.factor  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ import pytest
 from hypernodes_dist import Graph
 from hypernodes_dist.errors import UnpicklableError
 
-from .edge_nodes import locked_failure, returns_lock
+from .edge_nodes import factor_of, locked_failure, returns_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,6 +57,16 @@ def test_a_guarded_script_runs(tmp_path):
     body = SCRIPT.replace("engine = ", "if __name__ == '__main__':\n    engine = ")
     body = body.replace("\nprint(", "\n    print(").replace("\nengine.close", "\n    engine.close")
     (tmp_path / "job.py").write_text(body)
+    out = _python(["job.py"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[2, 3]"
+
+
+def test_a_compound_main_guard_counts_as_a_guard(tmp_path):
+    body = SCRIPT.replace("engine = ", "if __name__ == '__main__' and len(sys.argv) == 1:\n"
+                                       "    engine = ")
+    body = body.replace("\nprint(", "\n    print(").replace("\nengine.close", "\n    engine.close")
+    (tmp_path / "job.py").write_text("import sys\n" + body)
     out = _python(["job.py"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[2, 3]"
@@ -124,3 +134,25 @@ def test_workers_missing_the_users_module_are_told_what_to_do(distributed_engine
     text = str(info.value)
     assert "hn_private_nodes" in text and "upload_file" in text and "install" in text
     sys.modules.pop("hn_private_nodes", None)
+
+
+def test_mapped_values_from_a_module_workers_lack_are_told_what_to_do(distributed_engine,
+                                                                      tmp_path, monkeypatch):
+    (tmp_path / "hn_private_items.py").write_text(textwrap.dedent("""\
+        from dataclasses import dataclass
+
+
+        @dataclass
+        class Item:
+            factor: int
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))  # the driver sees it, the workers do not
+    import hn_private_items
+
+    items = [hn_private_items.Item(2), hn_private_items.Item(3)]
+    with pytest.raises(ModuleNotFoundError) as info:
+        Graph([factor_of], engine=distributed_engine).map({"item": items}, map_over="item")
+    text = str(info.value)
+    assert "hn_private_items" in text and "upload_file" in text and "install" in text
+    sys.modules.pop("hn_private_items", None)
+

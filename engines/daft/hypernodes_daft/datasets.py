@@ -38,6 +38,8 @@ from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.context import worker_id
 
+from .udf import apply_udf
+
 __all__ = ["run_dataset_native", "part_rows"]
 
 ID = "__hn_id"
@@ -114,7 +116,8 @@ def _compute_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
         return_dtype=DataType.from_arrow_type(pa.struct(task.computed_fields)), unnest=True,
         batch_size=size, use_process=False)(_make_udf(task, part.offset - first, names, token))
     columns = [col(task.mapping[name]) for name in names]
-    out = frame.select(*(col(k) for k in task.keep), udf(col(ID), *columns))
+    computed_columns = apply_udf(udf, [col(ID), *columns], task.plan, task.broadcast)
+    out = frame.select(*(col(k) for k in task.keep), computed_columns)
     try:
         computed = out.collect()
     finally:

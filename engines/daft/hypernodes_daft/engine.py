@@ -51,12 +51,12 @@ import daft
 from daft import DataType, col
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import flow_tasks, partition_size, unpicklable
+from hypernodes_dist.engines.kit import flow_tasks, partition_size
 from hypernodes_dist.execution.job import MapJob, Sink
 
 from .datasets import part_rows, run_dataset_native
 from .frame import ROW, column_name, item_frame
-from .udf import Failure, close, make_udf, receive
+from .udf import Failure, apply_udf, close, make_udf, receive
 
 __all__ = ["DaftEngine"]
 
@@ -120,13 +120,8 @@ class DaftEngine(Engine):
         frame = item_frame(job.columns, job.n)
         if not local:  # Ray: one partition per batch, at most a few per CPU of the cluster
             frame = frame.into_partitions(min(math.ceil(job.n / size), 4 * _ray_cpus()))
-        try:
-            expr = udf(col(ROW), *(col(column_name(i)) for i in range(len(names))))
-        except ValueError as exc:  # Daft's serializability check: name the culprit
-            culprit = unpicklable(job.plan, job.broadcast, "Daft's workers")
-            if culprit is None:
-                raise
-            raise culprit from exc
+        expr = apply_udf(udf, [col(ROW), *(col(column_name(i)) for i in range(len(names)))],
+                         job.plan, job.broadcast)
         cells = frame.select(expr.alias("hn")).where(col("hn").not_null())
         stopped = True
         try:

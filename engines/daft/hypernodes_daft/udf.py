@@ -28,6 +28,7 @@ import cloudpickle
 import pyarrow as pa
 from daft import Series
 
+from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import portable
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.batch import run_batch as run_batch_async
@@ -141,3 +142,15 @@ def close(token: str, stopped: bool) -> None:
             _CANCELLED.add(token)
         for key in [k for k in _MAILBOX if k.startswith(prefix)]:
             del _MAILBOX[key]
+
+
+def apply_udf(udf: Any, args: list[Any], plan: Plan, broadcast: dict[str, Any]) -> Any:
+    """``udf(*args)``; Daft's serializability check failing names the node or input that
+    does not pickle (``UnpicklableError``, as on every engine)."""
+    try:
+        return udf(*args)
+    except ValueError as exc:
+        culprit = unpicklable(plan, broadcast, "Daft's workers")
+        if culprit is None:
+            raise
+        raise culprit from exc

@@ -10,5 +10,6 @@ from hypernodes_dist.errors import UnpicklableError  # one type on every engine
 
 from . import limits as _limits  # noqa: F401  (cluster-wide node limits on distributed workers)
 from .engine import DaskEngine, auto_partition_size
+from .mainguard import MainModuleError
 
-__all__ = ["DaskEngine", "UnpicklableError", "auto_partition_size"]
+__all__ = ["DaskEngine", "MainModuleError", "UnpicklableError", "auto_partition_size"]

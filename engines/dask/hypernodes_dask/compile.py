@@ -111,7 +111,7 @@ def _missing_module(exc: ModuleNotFoundError) -> ModuleNotFoundError:
     """``exc`` (raised in a worker) saying what to do about a module only the driver has."""
     name = exc.name or "?"
     error = ModuleNotFoundError(
-        f"{exc} in Dask worker {worker_id()}: the graph's nodes (or inputs) come from module "
+        f"{exc} in Dask worker {worker_id()}: the graph's nodes or inputs come from module "
         f"{name!r}, which this worker cannot import. Install it on every worker (pip install "
         f"your package there), send a single file with client.upload_file('{name}.py'), or "
         "define the nodes in a package the workers can import", name=exc.name)
@@ -173,7 +173,10 @@ def run_partition(shared: Payload | Shipment, offset: int, n: int,
     remote = isinstance(shared, Shipment)
     payload = shared.load() if remote else shared
     if isinstance(columns, bytes):
-        columns = pickle.loads(columns)
+        try:
+            columns = pickle.loads(columns)
+        except ModuleNotFoundError as exc:  # mapped values of a class only the driver has
+            raise _missing_module(exc) from exc
     chunk = Chunk(offset, n, columns, payload.broadcast)
     if not remote:
         return _execute(payload.plan, chunk, payload.settings)

@@ -74,11 +74,14 @@ def _guarded(path: str, line: int) -> bool:
 
 
 def _is_main_test(test: ast.expr) -> bool:
-    """``__name__ == "__main__"`` (either side)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-            and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
-    consts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
-    return bool(names and consts)
+    """A test comparing ``__name__`` with ``"__main__"`` (``==``, ``in``; alone or inside
+    ``and``/``or``, either side)."""
+    for expr in ast.walk(test):
+        if not isinstance(expr, ast.Compare):
+            continue
+        sides = [expr.left, *expr.comparators]
+        if any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+                isinstance(c, ast.Constant) and c.value == "__main__"
+                for s in sides for c in ast.walk(s)):
+            return True
+    return False
