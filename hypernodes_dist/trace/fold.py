@@ -65,7 +65,8 @@ class Chunks(list):  # type: ignore[type-arg]
     """The chunks a streaming execution yielded, in order."""
 
     def joined(self) -> Any:
-        """The chunks joined like a streaming node's value ("".join, b"".join, merged dicts)."""
+        """The chunks joined like a streaming node's value ("".join, b"".join, merged dicts;
+        no chunks: ``[]``, the trace does not know the stream's kind)."""
         return join_chunks(list(self))
 
 
