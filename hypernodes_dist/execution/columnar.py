@@ -211,7 +211,8 @@ class Columnar(ColumnCalls):
         else:
             wanted = [node_keys[i] for i in items]
         pending = self.writes.pending(node.name) if self.writes is not None else None
-        if pending:  # finished by an earlier batch of this caller, not flushed yet
+        # finished by an earlier batch of this caller, not flushed yet (none: C speed)
+        if pending and not pending.keys().isdisjoint(wanted):
             found = {k: pending[k] for k in wanted if k in pending}
             found.update(self.cache.get_many([k for k in wanted if k not in found], node.name))
         else:
