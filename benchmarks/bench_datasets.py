@@ -18,6 +18,13 @@ are the driver's). Targets: hypernodes/raw <= 1.5x; driver peak RSS under 500 MB
 within 100 MB at 1M and 5M rows. Prints a table, writes benchmarks/results/<name>.json
 (``--name``, default ``datasets``).
 
+``--workload api`` runs the users' job instead: every row calls a slow, flaky,
+rate-limited API (``bench_policies.py``'s node: async 5-20 ms, 5% of rows fail once,
+``retries=3, backoff=0.2, concurrency=64``) and writes ``z``; its ``raw`` case, the same for
+every engine, is the hand-written asyncio loop a user would write over the Parquet files
+(pyarrow batches of 10 000 rows, one ``Semaphore(64)``, the same retries, a
+``ParquetWriter``).
+
 Run: ``.venv/bin/python benchmarks/bench_datasets.py --rows 1000000,5000000``
 (``--engines local,dask,dask-processes,dask-distributed,daft``; ``--rows 20000`` checks it works).
 """
@@ -80,11 +87,17 @@ def make_input(directory: Path, rows: int) -> None:
 # ------------------------------------------------------------------ cases (one per process)
 
 
-def hypernodes_case(engine_name: str, src: Path, out: Path) -> int:
+def hypernodes_case(engine_name: str, src: Path, out: Path, workload: str = "trivial") -> int:
     from hypernodes_dist import Graph, GraphEngine, node
 
-    nodes = [node(output_name="clean")(normalize), node(output_name="words")(count_words),
-             node(output_name="label")(label)]
+    if workload == "api":
+        import bench_policies
+
+        nodes, columns = bench_policies.API, {"x": "id"}
+    else:
+        nodes = [node(output_name="clean")(normalize), node(output_name="words")(count_words),
+                 node(output_name="label")(label)]
+        columns = {"text": "body"}
     if engine_name == "local":
         engine = GraphEngine()
     elif engine_name.startswith("dask"):
@@ -96,7 +109,7 @@ def hypernodes_case(engine_name: str, src: Path, out: Path) -> int:
 
         engine = DaftEngine()
     with engine:
-        res = Graph(nodes, engine=engine).map(source=str(src), columns={"text": "body"},
+        res = Graph(nodes, engine=engine).map(source=str(src), columns=columns,
                                               keep=["id"], into=str(out))
         return res.rows
 
@@ -115,6 +128,28 @@ def raw_local(src: Path, out: Path) -> int:
             clean, words, labels = enrich_columns(batch.column("body").to_pylist())
             writer.write_table(pa.table([batch.column("id"), clean, words, labels],
                                         schema=schema))
+            rows += batch.num_rows
+    return rows
+
+
+def raw_api_loop(src: Path, out: Path) -> int:
+    """The hand-written asyncio loop over the Parquet files (``--workload api``)."""
+    import asyncio
+
+    import bench_policies
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True)
+    schema = pa.schema([("id", pa.int64()), ("z", pa.int64())])
+    rows = 0
+    with pq.ParquetWriter(out / "part-0.parquet", schema) as writer:
+        for batch in ds.dataset(src, format="parquet").to_batches(columns=["id"],
+                                                                   batch_size=10_000):
+            ids = batch.column("id").to_pylist()
+            zs = asyncio.run(bench_policies._hand_loop(ids))
+            writer.write_table(pa.table([batch.column("id"), zs], schema=schema))
             rows += batch.num_rows
     return rows
 
@@ -174,10 +209,12 @@ def raw_daft(src: Path, out: Path) -> int:
     return daft.read_parquet(f"{out}/*.parquet").count_rows()
 
 
-def run_case(engine: str, kind: str, src: Path, out: Path) -> dict:
+def run_case(engine: str, kind: str, src: Path, out: Path, workload: str = "trivial") -> dict:
     t0 = time.perf_counter()
     if kind == "hypernodes":
-        rows = hypernodes_case(engine, src, out)
+        rows = hypernodes_case(engine, src, out, workload)
+    elif workload == "api":
+        rows = raw_api_loop(src, out)
     elif engine == "local":
         rows = raw_local(src, out)
     elif engine.startswith("dask"):
@@ -203,10 +240,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale / 1024
 
 
-def in_subprocess(engine: str, kind: str, src: Path, out: Path) -> dict:
+def in_subprocess(engine: str, kind: str, src: Path, out: Path, workload: str) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.run(
-        [sys.executable, __file__, "--case", engine, kind, str(src), str(out)],
+        [sys.executable, __file__, "--case", engine, kind, str(src), str(out),
+         "--workload", workload],
         capture_output=True, text=True, timeout=3600, cwd=Path(__file__).parent,
         env=dict(os.environ, PYTHONWARNINGS="ignore"))
     if proc.returncode != 0:
@@ -218,7 +256,7 @@ def in_subprocess(engine: str, kind: str, src: Path, out: Path) -> dict:
 # ------------------------------------------------------------------ driver
 
 
-def main(rows_list: list[int], engines: list[str]) -> list[dict]:
+def main(rows_list: list[int], engines: list[str], workload: str = "trivial") -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="hn-bench-datasets-"))
     results: list[dict] = []
     try:
@@ -226,7 +264,8 @@ def main(rows_list: list[int], engines: list[str]) -> list[dict]:
             src = work / f"src-{rows}"
             make_input(src, rows)
             for engine in engines:
-                pair = {kind: in_subprocess(engine, kind, src, work / f"out-{engine}-{kind}")
+                pair = {kind: in_subprocess(engine, kind, src, work / f"out-{engine}-{kind}",
+                                            workload)
                         for kind in ("raw", "hypernodes")}
                 for r in pair.values():
                     assert r["rows"] == rows, r
@@ -265,16 +304,17 @@ if __name__ == "__main__":
     parser.add_argument("--rows", default="1000000,5000000")
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--name", default="datasets", help="results file name")
+    parser.add_argument("--workload", choices=("trivial", "api"), default="trivial")
     parser.add_argument("--case", nargs=4, metavar=("ENGINE", "KIND", "SRC", "OUT"))
     args = parser.parse_args()
     if args.case:
         engine, kind, src, out = args.case
-        print(json.dumps(run_case(engine, kind, Path(src), Path(out))))
+        print(json.dumps(run_case(engine, kind, Path(src), Path(out), args.workload)))
         sys.exit(0)
     rows_list = [int(x) for x in args.rows.split(",")]
     print(f"{'engine':<17}{'rows':>10}{'raw s':>9}{'hn s':>9}{'ratio':>7}"
           f"{'raw MB':>10}{'hn MB':>10}")
-    results = main(rows_list, args.engines.split(","))
+    results = main(rows_list, args.engines.split(","), args.workload)
     for line in summary(results):
         print(line)
     RESULTS.mkdir(exist_ok=True)
