@@ -220,7 +220,27 @@ class DatasetJob:
 
     def pending(self) -> Iterator[Part]:
         """The parts without an output file, in order (streamed: a stream source is read
-        as the parts are consumed)."""
+        as the parts are consumed). For a source whose content is known only as it is read,
+        each part's rows are checked against the digest recorded when its file was written
+        (``ValueError`` if they changed) or recorded before it is computed."""
+        out = self.task.out
         for part in self.source.parts(self.rows_per_part):
-            if part.index not in self.skip:
-                yield part
+            digest = self.source.part_digest(part)
+            if part.index in self.skip:
+                if digest is not None:
+                    _check_unchanged(out, part, digest)
+                continue
+            if digest is not None:
+                out.write_input_digest(part.index, digest)
+            yield part
+
+
+def _check_unchanged(out: ParquetDataset, part: Part, digest: str) -> None:
+    recorded = out.input_digest(part.index)
+    if recorded is not None and recorded != digest:
+        raise ValueError(
+            f"the source changed since {out.location} was written: rows {part.offset}.."
+            f"{part.offset + part.n - 1} (part {part.index}) differ from the rows its output "
+            "file was computed from; pass overwrite=True to compute everything again, or "
+            "write into a new directory")
+

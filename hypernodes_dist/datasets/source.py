@@ -7,7 +7,9 @@
 - ``pyarrow.Table`` and ``pandas.DataFrame``: already in the driver; parts are slices
   (``TableSource``, ``PandasSource``).
 - ``pyarrow.RecordBatchReader`` and other ``pyarrow.dataset.Dataset``s: read once, in
-  order, re-cut into parts as they stream (``StreamSource``; the driver holds one part).
+  order, re-cut into parts as they stream (``StreamSource``; the driver holds one part);
+  their content is only known as they are read, so each part's rows get a digest that a
+  rerun checks a finished part against (``part_digest``).
 - ``dask.dataframe.DataFrame`` and ``daft.DataFrame``: kept as they are (``DaskSource``,
   ``DaftSource``); their engines run them natively, other engines stream them.
 
@@ -55,6 +57,12 @@ class Source:
     def fingerprint(self) -> str:
         raise NotImplementedError
 
+    def part_digest(self, part: Part) -> str | None:
+        """A digest of ``part``'s rows, for sources whose ``fingerprint`` cannot see their
+        content before they are read (streams): a rerun checks each finished part against
+        the digest its run recorded. ``None``: the fingerprint already covers the content."""
+        return None
+
     def parts(self, rows: int) -> Iterator[Part]:
         """Consecutive parts of ``rows`` rows (the last may be shorter)."""
         raise NotImplementedError
@@ -68,6 +76,14 @@ class Source:
 
 def _pylist(values: Any) -> list[Any]:
     return values if isinstance(values, list) else values.to_pylist()
+
+
+def table_digest(table: pa.Table) -> str:
+    """A digest of a table's rows (its Arrow IPC stream: a slice counts only its rows)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.blake2b(memoryview(sink.getvalue()), digest_size=16).hexdigest()
 
 
 def _digest(*parts: Any) -> str:
@@ -92,20 +108,21 @@ class ParquetSource(Source):
         scheme = where.split("://", 1)[0] if "://" in where else ""
         self.uri_prefix = f"{scheme}://" if scheme and scheme != "file" else ""
         self.row_groups: list[list[int]] = []
-        sizes = []
+        footers = []  # a file's size and footer (statistics, byte sizes): its content changed
         schema = None
         for path in paths:
             with filesystem.open_input_file(path) as f:
+                size = f.size()
                 meta = pq.ParquetFile(f).metadata
                 if schema is None:
                     schema = meta.schema.to_arrow_schema()
             self.row_groups.append([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
-            sizes.append(meta.serialized_size)
+            footers.append(_digest(size, meta.to_dict()))
         assert schema is not None
         self.schema = schema
         self.columns = tuple(schema.names)
         self.n = sum(sum(rg) for rg in self.row_groups)
-        self._fp = _digest(self.n, [(p, rg) for p, rg in zip(paths, self.row_groups)], sizes,
+        self._fp = _digest(self.n, [(p, rg) for p, rg in zip(paths, self.row_groups)], footers,
                            schema.to_string())
 
     def fields(self) -> dict[str, pa.Field]:
@@ -307,6 +324,10 @@ class StreamSource(Source):
         table = pa.Table.from_batches(self._buffer, self.schema).slice(0, k)
         return {c: _pylist(v) for c, v in TableReader(table).read(columns).items()}
 
+    def part_digest(self, part: Part) -> str | None:
+        assert isinstance(part.reader, TableReader)
+        return table_digest(part.reader.table)
+
     def parts(self, rows: int) -> Iterator[Part]:
         rows = max(1, rows)
         pending: list[pa.RecordBatch] = []
@@ -362,7 +383,14 @@ class DaftSource(Source):
         self._n: int | None = None
 
     def fingerprint(self) -> str:
-        return _digest(self.frame.schema(), self.frame._builder.pretty_print(simple=True))
+        """The query plan (files, options, operations); a frame that is only an in-memory
+        scan is in the driver already: its content is hashed too."""
+        plan = self.frame._builder.pretty_print(simple=False)
+        if plan.count("* ") == 1 and plan.startswith("* Source:"):
+            digests = [table_digest(pa.Table.from_batches([b]))
+                       for b in self.frame.to_arrow_iter()]
+            return _digest(self.frame.schema(), plan, digests)
+        return _digest(self.frame.schema(), plan)
 
     def parts(self, rows: int) -> Iterator[Part]:
         """Streamed through the driver (other engines than Daft)."""
@@ -417,6 +445,11 @@ def _dataset_source(dataset: Any) -> Source:
     if isinstance(dataset, ds.FileSystemDataset) and isinstance(dataset.format,
                                                                  ds.ParquetFileFormat):
         return ParquetSource(list(dataset.files), dataset.filesystem, "pyarrow dataset")
+    if isinstance(dataset, ds.InMemoryDataset):
+        return TableSource(dataset.to_table())
     n = dataset.count_rows()
+    files = list(getattr(dataset, "files", []))
+    infos = [(i.path, i.size, i.mtime_ns) for i in dataset.filesystem.get_file_info(files)
+             ] if files else []
     return StreamSource(dataset.schema, iter(dataset.to_batches()), n,
-                        _digest("dataset", dataset.schema.to_string(), n))
+                        _digest("dataset", dataset.schema.to_string(), n, infos))

@@ -4,7 +4,7 @@
   ``.hn-tmp-*`` name in the same directory and renamed into place, so an output file
   appears complete or not at all (on object stores a finished upload is atomic too);
 - every other file the map keeps there starts with ``_`` or ``.`` (``_hn_manifest.json``,
-  temporary files), so pyarrow, Daft and Dask read the directory as a dataset as it is;
+  ``_hn_input-000042`` digests of streamed parts' rows, temporary files), so pyarrow, Daft and Dask read the directory as a dataset as it is;
 - ``finished()`` lists the parts whose file exists: a rerun skips them.
 
 Local paths and URIs (``s3://``, ``gs://``, ``file://``) go through ``pyarrow.fs``.
@@ -24,6 +24,7 @@ import pyarrow as pa
 __all__ = ["ParquetDataset", "MANIFEST", "ERROR_COLUMN", "ROW_COLUMN"]
 
 MANIFEST = "_hn_manifest.json"
+INPUT_DIGEST = "_hn_input-"  # + part index: the digest of a streamed part's rows
 ROW_COLUMN = "_hn_row"
 ERROR_COLUMN = "_hn_error"
 _PART = re.compile(r"^part-(\d+)\.parquet$")
@@ -110,8 +111,24 @@ class ParquetDataset:
     def clear(self) -> None:
         """Delete every file of a previous map here (``overwrite=True``)."""
         for name in self.listing():
-            if _PART.match(name) or name.startswith(".hn-") or name == MANIFEST:
+            if (_PART.match(name) or name.startswith((".hn-", INPUT_DIGEST))
+                    or name == MANIFEST):
                 self.remove(self.path(name))
+
+    # -- input digests (sources read as they stream) -------------------------------------
+    def write_input_digest(self, index: int, digest: str) -> None:
+        """Record the digest of the rows part ``index`` is computed from (written before
+        the part's file, so a part file always has the digest of its own input)."""
+        with self.filesystem.open_output_stream(self.path(f"{INPUT_DIGEST}{index:06d}")) as f:
+            f.write(digest.encode())
+
+    def input_digest(self, index: int) -> str | None:
+        """The digest recorded for part ``index`` (``None``: none was recorded)."""
+        try:
+            with self.filesystem.open_input_stream(self.path(f"{INPUT_DIGEST}{index:06d}")) as f:
+                return f.read().decode()
+        except (FileNotFoundError, OSError):
+            return None
 
     def clean_temporary(self) -> None:
         """Temporary files a crashed run left behind."""

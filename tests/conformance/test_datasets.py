@@ -52,6 +52,7 @@ def _sources(tmp_path):
         "RecordBatchReader": pa.RecordBatchReader.from_batches(table.schema,
                                                                table.to_batches(max_chunksize=9)),
         "pyarrow dataset": ds.dataset(files, format="parquet"),
+        "in-memory pyarrow dataset": ds.dataset(table),
         "pandas": frame,
         "dask": dd.from_pandas(frame, npartitions=3),
         "daft": daft.read_parquet(files),
@@ -187,6 +188,39 @@ def test_rerun_skips_finished_files_and_changed_map_raises(engine, tmp_path):
     res = Graph(D.ENRICH, engine=engine).map(source=pa.table({"text": ["a"] * 3}), into=out,
                                              overwrite=True)
     assert res.rows == 3 and _check_rows(res, 3).column("clean").to_pylist() == ["a"] * 3
+
+
+def _reader(table: pa.Table) -> pa.RecordBatchReader:
+    return pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=9))
+
+
+@pytest.mark.parametrize("kind", ["parquet rewritten in place", "RecordBatchReader",
+                                  "in-memory daft frame"])
+def test_a_source_whose_rows_changed_is_noticed_on_rerun(engine, tmp_path, kind):
+    import daft
+
+    before = pa.table({"text": D.texts(N)})
+    after = pa.table({"text": [t.upper() for t in D.texts(N)]})  # same shape, other rows
+    path = tmp_path / "rows.parquet"
+
+    def source(table: pa.Table):
+        if kind == "RecordBatchReader":
+            return _reader(table)
+        if kind == "in-memory daft frame":
+            return daft.from_arrow(table)
+        pq.write_table(table, path, row_group_size=7)
+        return str(path)
+
+    g, out = Graph(D.ENRICH, engine=engine), tmp_path / "out"
+    first = g.map(source=source(before), into=out)
+    assert first.rows == N
+    again = g.map(source=source(before), into=out)  # unchanged: every part is kept
+    assert again.rows == N and _check_rows(again).column("clean").to_pylist() == [
+        D.expected(t)["clean"] for t in D.texts(N)]
+    with pytest.raises(ValueError, match="source changed"):
+        g.map(source=source(after), into=out)
+    res = g.map(source=source(after), into=out, overwrite=True)
+    assert _check_rows(res).column("clean").to_pylist() == [t.strip().lower() for t in D.texts(N)]
 
 
 def test_bad_arguments_fail_before_anything_runs(engine, tmp_path):
