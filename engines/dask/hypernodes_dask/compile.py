@@ -195,7 +195,7 @@ def _execute(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     return execute_batch(plan, chunk, settings)
 
 
-_FLOWING: list[threading.Semaphore] = []  # this process's slots for flowing partitions
+_FLOWING: dict[int, threading.Semaphore] = {}  # this process's flow slots, by their number
 _FLOWING_LOCK = threading.Lock()
 _RUNNING = [0]  # flowing partitions running in this process
 
@@ -213,17 +213,19 @@ def _distributed_worker() -> Any:
 
 def _seceded(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     """A partition of a plan whose items flow, on a ``distributed`` worker: it takes one of
-    the process's flow slots (``kit.flow_tasks`` of its threads), then leaves the worker's
-    thread pool (``secede``), so the worker starts its next partition while this one's
-    items wait: one partition ending with its slowest item does not idle the worker."""
+    the process's flow slots (``kit.flow_tasks`` of its threads, for partitions of this
+    size), then leaves the worker's thread pool (``secede``), so the worker starts its next
+    partition while this one's items wait: one partition ending with its slowest item does
+    not idle the worker."""
     from distributed import secede
 
+    slots = flow_tasks(_distributed_worker().state.nthreads, chunk.n)
     with _FLOWING_LOCK:
-        if not _FLOWING:
-            _FLOWING.append(threading.Semaphore(flow_tasks(_distributed_worker().state.nthreads)))
+        if slots not in _FLOWING:
+            _FLOWING[slots] = threading.Semaphore(slots)
         _RUNNING[0] += 1
     try:
-        with _FLOWING[0]:
+        with _FLOWING[slots]:
             secede()
             return execute_batch(plan, chunk, settings)
     finally:
