@@ -141,6 +141,8 @@ def run_dataset(
     outputs = settings.select or plan.outputs
     keep_t = _check_keep(src, keep, outputs)
     out = ParquetDataset(into)
+    out.create()
+    engine.check_output(out)  # every worker must see into=, before anything runs
     if cache is not None:
         plan.code_ids()
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
@@ -151,7 +153,6 @@ def run_dataset(
     else:
         rows_per_part = engine.dataset_part_rows(src.n)
         schema = output_schema(plan, src, mapping, keep_t, outputs, broadcast, settings)
-    out.create()
     out.clean_temporary()
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:

@@ -51,6 +51,11 @@ class Engine:
         (``cache.check_visible(worker)`` on every worker). Engines whose workers run on this
         machine have nothing to check; a cache still checks lazily in each worker process."""
 
+    def check_output(self, out: Any) -> None:
+        """Before a dataset map runs anything: raise ``ValueError`` naming the workers that
+        cannot see the ``into`` directory (``sinks.parquet.ParquetDataset``, created). Engines
+        whose workers run on this machine have nothing to check."""
+
     def close(self) -> None:
         """Release what the engine started (clusters, pools). Idempotent."""
 

@@ -30,6 +30,7 @@ from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
 from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import NodeError, UnpicklableError, portable
+from hypernodes_dist.sinks.parquet import ParquetDataset
 
 from .compile import Shipment, write_shipment
 
@@ -173,9 +174,8 @@ def _dask_parts(job: DatasetJob, engine: Any) -> list[Part]:
 # ------------------------------------------------------------------ distributed
 
 
-def check_workers_see(client: Any, job: DatasetJob) -> None:
+def check_workers_see(client: Any, out: ParquetDataset) -> None:
     """Raise before anything runs if some worker cannot see the ``into`` directory."""
-    out = job.task.out
     if out.remote:
         return  # object stores are reachable from every worker
     marker = out.marker()
@@ -197,7 +197,6 @@ def run_dataset_distributed(engine: Any, job: DatasetJob, report: Report) -> Non
     from distributed import as_completed
 
     client = engine.client
-    check_workers_see(client, job)
     data, digest = _ship(job.task, "Dask workers")
     [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
     pending: dict[str, Any] = {}

@@ -47,7 +47,7 @@ from .compile import (
     run_partition,
     write_shipment,
 )
-from .datasets import run_dataset_distributed, run_dataset_local
+from .datasets import check_workers_see, run_dataset_distributed, run_dataset_local
 from .packing import unpack
 
 __all__ = ["DaskEngine", "auto_partition_size"]
@@ -186,6 +186,11 @@ class DaskEngine(Engine):
             run_dataset_distributed(self, job, report)
         else:
             run_dataset_local(self, job, report)
+
+    def check_output(self, out: Any) -> None:
+        """On a cluster, every worker writes its parts: each must see ``into``."""
+        if self.scheduler == "distributed":
+            check_workers_see(self.client, out)
 
     def dataset_workers(self) -> int:
         return self.workers()
