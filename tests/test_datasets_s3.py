@@ -38,9 +38,12 @@ def s3(monkeypatch):
 
 
 def _engines():
+    from hypernodes_daft import DaftEngine
     from hypernodes_dask import DaskEngine
 
-    return [GraphEngine(), DaskEngine(scheduler="threads", partition_size=7, num_workers=2)]
+    return [GraphEngine(), DaskEngine(scheduler="threads", partition_size=7, num_workers=2),
+            DaskEngine(scheduler="processes", partition_size=7, num_workers=2),
+            DaftEngine(batch_size=7)]
 
 
 def test_source_and_into_on_an_object_store(s3):
@@ -49,15 +52,16 @@ def test_source_and_into_on_an_object_store(s3):
     for f, (lo, hi) in enumerate([(0, 17), (17, 30)]):
         pq.write_table(pa.table({"body": texts[lo:hi]}), f"hn-data/src/part-{f}.parquet",
                        filesystem=fs, row_group_size=5)
-    for engine in _engines():
-        out = uri(f"out-{engine.name}")
+    for k, engine in enumerate(_engines()):
+        name = f"{engine.name}-{k}"
+        out = uri(f"out-{name}")
         g = Graph(D.ENRICH, engine=engine)
         res = g.map(source=uri("src"), columns={"text": "body"}, into=out)
         table = res.to_arrow().sort_by("_hn_row")
         assert table.column("_hn_row").to_pylist() == list(range(30))
         assert table.column("clean").to_pylist() == [D.expected(t)["clean"] for t in texts]
         names = [i.base_name for i in fs.get_file_info(
-            pafs.FileSelector(f"hn-data/out-{engine.name}"))]
+            pafs.FileSelector(f"hn-data/out-{name}"))]
         assert "_hn_manifest.json" in names and not any(n.startswith(".hn-tmp") for n in names)
         again = g.map(source=uri("src"), columns={"text": "body"}, into=out)  # all parts kept
         assert again.rows == 30

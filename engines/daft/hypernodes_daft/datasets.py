@@ -39,6 +39,7 @@ from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.context import worker_id
 
 from .udf import apply_udf
+from .uris import io_config
 
 __all__ = ["run_dataset_native", "part_rows"]
 
@@ -80,7 +81,8 @@ def _frames(job: DatasetJob) -> Iterator[tuple[Part, daft.DataFrame, int]]:
         if src.kind == "parquet":
             pieces = part.reader.pieces
             paths = [src.uri_prefix + p.path for p in pieces]
-            frame = daft.read_parquet(paths, row_groups=[list(p.row_groups) for p in pieces])
+            frame = daft.read_parquet(paths, row_groups=[list(p.row_groups) for p in pieces],
+                                      io_config=io_config(src.where))
             frame = _with_id(frame.select(*job.task.read_columns))
             first = pieces[0].skip
             yield part, frame.where((col(ID) >= first) & (col(ID) < first + part.n)), first
@@ -139,7 +141,8 @@ def _write_part(task: PartTask, part: Part, computed: daft.DataFrame,
     """Daft writes the part to a temporary name; the rename makes it appear complete."""
     tmp = task.out.temp_path(part.index)
     try:
-        computed.write_parquet(task.out.uri_prefix + tmp, single_file=True)
+        computed.write_parquet(task.out.uri_prefix + tmp, single_file=True,
+                               io_config=io_config(task.out.location))
     except BaseException:
         task.out.remove(tmp)
         raise
