@@ -73,7 +73,8 @@ def _files(out: Path) -> list[Path]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("engine", ["local", "dask-threads", "dask-processes", "daft"])
+@pytest.mark.parametrize("engine", ["local", "dask-threads", "dask-processes",
+                                    "dask-distributed", "daft"])
 def test_sigkill_then_rerun_recomputes_no_finished_file(tmp_path, engine):
     pq.write_table(pa.table({"x": list(range(N))}), tmp_path / "src.parquet",
                    row_group_size=300)

@@ -190,6 +190,23 @@ def test_rerun_skips_finished_files_and_changed_map_raises(engine, tmp_path):
     assert res.rows == 3 and _check_rows(res, 3).column("clean").to_pylist() == ["a"] * 3
 
 
+def test_a_part_killed_before_its_file_was_written_is_all_cache_hits(engine, tmp_path):
+    from hypernodes_dist import DiskCache
+
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    logs.mkdir()
+    g = Graph([D.logged_square], engine=engine, cache=DiskCache(tmp_path / "cache"))
+    source, inputs = pa.table({"x": list(range(N))}), {"log_dir": str(logs)}
+    g.map(source=source, inputs=inputs, into=out)
+    assert sorted(D.logged(logs)) == list(range(N))
+    for f in out.glob("part-*.parquet"):  # computed and cached, but no file was written
+        f.unlink()
+    again = g.map(source=source, inputs=inputs, into=out)
+    assert again.rows == N and again.failed == 0
+    assert sorted(D.logged(logs)) == list(range(N))  # the rerun computed nothing
+    assert _check_rows(again).column("y").to_pylist() == [x * x for x in range(N)]
+
+
 def _reader(table: pa.Table) -> pa.RecordBatchReader:
     return pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=9))
 
