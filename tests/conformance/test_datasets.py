@@ -257,6 +257,13 @@ def test_bad_arguments_fail_before_anything_runs(engine, tmp_path):
         g.map({"text": pd.DataFrame({"text": ["a", "b"]})}, map_over="text")
     with pytest.raises(TypeError, match="source="):
         g.map({"text": table}, map_over="text")
+    import daft
+    import dask.dataframe as dd
+
+    for frame in (_reader(table), dd.from_pandas(table.to_pandas(), npartitions=1),
+                  daft.from_arrow(table), ds.dataset(table)):
+        with pytest.raises(TypeError, match="source="):
+            g.map({"text": frame}, map_over="text")
     assert not (tmp_path / "o").exists() or not any(
         p.startswith("part-") for p in os.listdir(tmp_path / "o"))
 
