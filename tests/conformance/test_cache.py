@@ -1,4 +1,5 @@
-"""The shared DiskCache on every engine: same keys everywhere, hits reported, per-item reuse."""
+"""The shared cache on every engine, for each backend (``DiskCache``, ``ObjectStoreCache`` on a
+directory): same keys everywhere, hits reported, per-item reuse."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from hypernodes_dist import DiskCache, Graph, GraphEngine
+from hypernodes_dist import DiskCache, Graph, GraphEngine, ObjectStoreCache
 
 from . import graphs as G
 
@@ -19,6 +20,12 @@ class Ends:
         self.events.append(event)
 
 
+@pytest.fixture(params=[DiskCache, ObjectStoreCache], ids=["disk", "objects"])
+def store(request):
+    """The backend under test: ``store(path, scope=...)`` makes a cache."""
+    return request.param
+
+
 @pytest.fixture
 def logs(tmp_path):
     d = tmp_path / "logs"
@@ -26,8 +33,8 @@ def logs(tmp_path):
     return d
 
 
-def test_warm_map_is_all_hits_with_events(engine, tmp_path, logs):
-    cache = DiskCache(tmp_path / "c")
+def test_warm_map_is_all_hits_with_events(engine, store, tmp_path, logs):
+    cache = store(tmp_path / "c")
     inputs = {"x": list(range(25)), "log_dir": str(logs)}
     cold = Graph(G.COUNTED, engine=engine, cache=cache).map(inputs, map_over="x")
     assert G.executions(logs) == list(range(25))
@@ -39,8 +46,8 @@ def test_warm_map_is_all_hits_with_events(engine, tmp_path, logs):
     assert all(h.cached for r in warm for h in r.history)
 
 
-def test_cache_written_by_local_is_a_full_hit_on_engine(engine, tmp_path, logs):
-    cache = DiskCache(tmp_path / "c")
+def test_cache_written_by_local_is_a_full_hit_on_engine(engine, store, tmp_path, logs):
+    cache = store(tmp_path / "c")
     inputs = {"x": list(range(30)), "log_dir": str(logs)}
     Graph(G.COUNTED, engine=GraphEngine(), cache=cache).map(inputs, map_over="x")
     res = Graph(G.COUNTED, engine=engine, cache=cache).map(inputs, map_over="x", select=["counted_plus"])
@@ -48,8 +55,8 @@ def test_cache_written_by_local_is_a_full_hit_on_engine(engine, tmp_path, logs):
     assert [r["counted_plus"] for r in res] == [x * 3 + 1 for x in range(30)]
 
 
-def test_cache_written_by_engine_is_a_full_hit_locally(engine, tmp_path, logs):
-    cache = DiskCache(tmp_path / "c")
+def test_cache_written_by_engine_is_a_full_hit_locally(engine, store, tmp_path, logs):
+    cache = store(tmp_path / "c")
     inputs = {"x": list(range(30)), "log_dir": str(logs)}
     Graph(G.COUNTED, engine=engine, cache=cache).map(inputs, map_over="x")
     ends = Ends()
@@ -58,16 +65,16 @@ def test_cache_written_by_engine_is_a_full_hit_locally(engine, tmp_path, logs):
     assert all(e.cached for e in ends.events) and len(ends.events) == 60
 
 
-def test_only_new_items_execute(engine, tmp_path, logs):
-    g = Graph(G.COUNTED, engine=engine, cache=DiskCache(tmp_path / "c"))
+def test_only_new_items_execute(engine, store, tmp_path, logs):
+    g = Graph(G.COUNTED, engine=engine, cache=store(tmp_path / "c"))
     g.map({"x": [1, 2], "log_dir": str(logs)}, map_over="x")
     res = g.map({"x": [1, 2, 3], "log_dir": str(logs)}, map_over="x")
     assert G.executions(logs) == [1, 2, 3]
     assert [r["counted"] for r in res] == [3, 6, 9]
 
 
-def test_uncached_node_always_runs(engine, tmp_path, logs):
-    g = Graph(G.COUNTED + [G.never_cached], engine=engine, cache=DiskCache(tmp_path / "c"))
+def test_uncached_node_always_runs(engine, store, tmp_path, logs):
+    g = Graph(G.COUNTED + [G.never_cached], engine=engine, cache=store(tmp_path / "c"))
     for _ in range(2):
         res = g.map({"x": [1, 2], "log_dir": str(logs)}, map_over="x", select=["counted"])
     assert G.executions(logs) == [1, 2]
@@ -75,32 +82,32 @@ def test_uncached_node_always_runs(engine, tmp_path, logs):
     assert [r["counted"] for r in res] == [3, 6]
 
 
-def test_none_is_cached_as_a_hit(engine, tmp_path):
+def test_none_is_cached_as_a_hit(engine, store, tmp_path):
     ends = Ends()
-    g = Graph([G.returns_none], engine=engine, cache=DiskCache(tmp_path / "c"), callbacks=[ends])
+    g = Graph([G.returns_none], engine=engine, cache=store(tmp_path / "c"), callbacks=[ends])
     g.map({"x": [1, 2]}, map_over="x")
     res = g.map({"x": [1, 2]}, map_over="x")
     assert [e.cached for e in ends.events] == [False, False, True, True]
     assert all(r["nothing"] is None for r in res)
 
 
-def test_session_and_run_scopes(engine, tmp_path, logs):
+def test_session_and_run_scopes(engine, store, tmp_path, logs):
     inputs = {"x": [1], "log_dir": str(logs)}
-    g = Graph(G.COUNTED, engine=engine, cache=DiskCache(tmp_path / "s", scope="session"))
+    g = Graph(G.COUNTED, engine=engine, cache=store(tmp_path / "s", scope="session"))
     g.map(inputs, map_over="x", session_id="a")
     g.map(inputs, map_over="x", session_id="a")
     assert G.executions(logs) == [1]
     g.map(inputs, map_over="x", session_id="b")
     assert G.executions(logs) == [1, 1]
-    r = Graph(G.COUNTED, engine=engine, cache=DiskCache(tmp_path / "r", scope="run"))
+    r = Graph(G.COUNTED, engine=engine, cache=store(tmp_path / "r", scope="run"))
     r.map(inputs, map_over="x", session_id="a")
     r.map(inputs, map_over="x", session_id="a")
     assert G.executions(logs) == [1, 1, 1, 1]
 
 
-def test_control_flow_graph_is_cached(engine, tmp_path):
+def test_control_flow_graph_is_cached(engine, store, tmp_path):
     ends = Ends()
-    g = Graph(G.CYCLE, engine=engine, cache=DiskCache(tmp_path / "c"), callbacks=[ends])
+    g = Graph(G.CYCLE, engine=engine, cache=store(tmp_path / "c"), callbacks=[ends])
     first = g.map({"topic": ["ab", "abcdef"], "target": 9}, map_over="topic")
     n_cold = len(ends.events)
     ends.events.clear()
@@ -110,15 +117,19 @@ def test_control_flow_graph_is_cached(engine, tmp_path):
     assert len(ends.events) == n_cold and all(e.cached for e in function_nodes)
 
 
-def test_corrupt_entries_are_recomputed(engine, tmp_path, logs):
+def test_corrupt_entries_are_recomputed(engine, store, tmp_path, logs):
     cache_dir = tmp_path / "c"
-    g = Graph(G.COUNTED, engine=engine, cache=DiskCache(cache_dir))
+    g = Graph(G.COUNTED, engine=engine, cache=store(cache_dir))
     inputs = {"x": [1, 2, 3], "log_dir": str(logs)}
     g.map(inputs, map_over="x")
-    con = sqlite3.connect(cache_dir / "hn-cache.db")
-    con.execute("UPDATE hn_segments SET data = X'00112233'")
-    con.commit()
-    con.close()
+    if store is DiskCache:
+        con = sqlite3.connect(cache_dir / "hn-cache.db")
+        con.execute("UPDATE hn_segments SET data = X'00112233'")
+        con.commit()
+        con.close()
+    else:
+        for segment in cache_dir.rglob("*.seg"):
+            segment.write_bytes(b"\x00\x11\x22\x33")
     res = g.map(inputs, map_over="x")
     assert [r["counted_plus"] for r in res] == [4, 7, 10]
     assert G.executions(logs) == [1, 1, 2, 2, 3, 3]
@@ -134,9 +145,9 @@ def test_corrupt_entries_are_recomputed(engine, tmp_path, logs):
     (G.MIXED, [{"x": 1}, {"x": 2}]),
     (G.CYCLE, [{"topic": "ab", "target": 6}]),
 ])
-def test_run_and_map_compute_the_same_keys(engine, tmp_path, graph, inputs):
+def test_run_and_map_compute_the_same_keys(engine, store, tmp_path, graph, inputs):
     """run() uses the reactive scheduler, map() the batch executor: same keys, full hits."""
-    cache = DiskCache(tmp_path / "c")
+    cache = store(tmp_path / "c")
     for item in inputs:
         Graph(graph, cache=cache).run(item)
     ends = Ends()
@@ -151,7 +162,7 @@ def test_run_and_map_compute_the_same_keys(engine, tmp_path, graph, inputs):
     for item, r in zip(inputs, res):
         assert dict(Graph(graph).run(item)) == dict(r)
     # and the other way round: a fresh cache filled by map, read by run()
-    cache2 = DiskCache(tmp_path / "c2")
+    cache2 = store(tmp_path / "c2")
     Graph(graph, engine=engine, cache=cache2).map(
         {**{k: mapped[k] for k in map_over}, **broadcast}, map_over=map_over)
     for item in inputs:
@@ -163,9 +174,9 @@ def graph_node(nodes, name):
     return next(n for n in nodes if n.name == name)
 
 
-def test_async_plan_is_cached_and_warm_rerun_is_all_hits(engine, tmp_path):
+def test_async_plan_is_cached_and_warm_rerun_is_all_hits(engine, store, tmp_path):
     """Async plans take the item-flow path: their calls reach the cache like sync ones."""
-    cache = DiskCache(tmp_path / "c")
+    cache = store(tmp_path / "c")
     inputs = {"x": list(range(30))}
     cold = Graph(G.ASYNC, engine=engine, cache=cache).map(inputs, map_over="x")
     ends = Ends()
