@@ -1,19 +1,21 @@
-"""Helpers engine plugins share, so each rule lives once: how many items per partition, and
-which node or input stops a map from being sent to other processes."""
+"""Helpers engine plugins share, so each rule lives once: how many items per partition,
+which node or input stops a map from being sent to other processes, and whether every
+worker sees the cache and the ``into`` directory."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cloudpickle
 
+from hypernodes_dist.cache.base import CacheNotVisibleError
 from hypernodes_dist.errors import UnpicklableError
 from hypernodes_dist.plan import Plan
 
 __all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU", "FLOW_ITEMS_PER_CPU", "unpicklable",
-           "check_picklable"]
+           "check_picklable", "cache_problem", "check_cache_seen", "check_output_seen"]
 
 FLOW_TASKS_PER_CPU = 4
 FLOW_ITEMS_PER_CPU = 1_000
@@ -83,3 +85,57 @@ def check_picklable(value: Any, what: str, where: str) -> None:
         raise UnpicklableError(
             f"{what} cannot be sent to {where}: it does not pickle ({type(exc).__name__}: {exc})"
         ) from exc
+
+
+# ------------------------------------------------------------------ what workers see
+
+# ``run_everywhere(fn, arg) -> {worker name: fn(arg, worker)}``: a plugin's way to call
+# ``fn`` once on every worker of its cluster (Dask's ``client.run``, a Ray task per node).
+RunEverywhere = Callable[[Callable[..., Any], Any], Mapping[str, Any]]
+
+
+def cache_problem(cache: Any, worker: str | None = None) -> str | None:
+    """Runs on one worker: why it cannot see ``cache`` (``None``: it can)."""
+    try:
+        cache.check_visible(worker)
+    except CacheNotVisibleError as exc:
+        return str(exc)
+    return None
+
+
+def check_cache_seen(cache: Any, run_everywhere: RunEverywhere, what: str) -> None:
+    """Raise ``CacheNotVisibleError`` naming the workers (``what``, e.g. "Dask worker")
+    that cannot see ``cache``; caches without ``check_visible`` are seen everywhere."""
+    if not hasattr(cache, "check_visible"):
+        return
+    problems = {w: msg for w, msg in run_everywhere(cache_problem, cache).items() if msg}
+    if problems:
+        workers = ", ".join(sorted(problems))
+        raise CacheNotVisibleError(f"{len(problems)} {what}(s) cannot see the cache "
+                                   f"({workers}): {next(iter(problems.values()))}")
+
+
+def check_output_seen(out: Any, run_everywhere: RunEverywhere, what: str) -> None:
+    """Raise ``ValueError`` naming the workers that cannot see the ``into`` directory
+    ``out`` (a ``sinks.parquet.ParquetDataset``) before anything runs: they write the
+    output files themselves. Object stores are reachable from every worker."""
+    if out.remote:
+        return
+    marker = out.marker()
+    try:
+        seen = run_everywhere(_sees, (out, marker))
+    finally:
+        out.drop(marker)
+    blind = sorted(w for w, ok in seen.items() if not ok)
+    if blind:
+        raise ValueError(
+            f"into={out.location!r} is not visible from {what}(s) {', '.join(blind)} "
+            "(another machine): the workers write the output files themselves. Use a "
+            "directory every worker sees (a shared filesystem) or an object-store URI such "
+            "as s3://bucket/prefix")
+
+
+def _sees(target: tuple[Any, str], worker: str | None = None) -> bool:
+    out, marker = target
+    return bool(out.sees(marker))
+

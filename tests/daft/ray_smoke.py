@@ -4,15 +4,22 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 
 from hypernodes_daft import DaftEngine
-from hypernodes_dist import Graph
+from hypernodes_dist import DiskCache, Graph, node
 from tests.conformance import graphs as G
+
+
+@node(output_name="pid")
+def pid_of(x: int) -> int:
+    return os.getpid()
 
 
 def main() -> None:
@@ -28,8 +35,15 @@ def main() -> None:
             data = Graph(G.CHAIN, engine=engine).map(
                 source=pa.table({"x": list(range(8))}), into=f"{tmp}/out", select=["c"])
             rows = data.to_arrow().sort_by("_hn_row")
+            pq.write_table(pa.table({"x": list(range(40))}), f"{tmp}/src.parquet",
+                           row_group_size=10)
+            cached = Graph([pid_of], engine=engine, cache=DiskCache(f"{tmp}/cache"))
+            parts = cached.map(source=f"{tmp}/src.parquet", into=f"{tmp}/pids")
+            pids = set(parts.to_arrow().column("pid").to_pylist())
         out = {
             "dataset_c": rows.column("c").to_pylist(),
+            "dataset_rows": parts.rows,
+            "parts_in_driver": os.getpid() in pids,
             "c": [r["c"] for r in chain],
             "summary": [r["summary"] for r in stats],
             "status": [r.status for r in failed],

@@ -34,6 +34,7 @@ def test_map_on_daft_ray_runner():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["c"] == [G.chain_expected(x)["c"] for x in range(8)]
     assert out["dataset_c"] == out["c"]
+    assert out["dataset_rows"] == 40 and out["parts_in_driver"] is False  # Ray tasks did it
     assert out["summary"] == ["2.0±1.0", "2.0±0.0"]
     assert out["status"] == ["complete", "error", "complete"]
     assert out["error"] == "ItemFailure" and any("fragile" in n for n in out["notes"])

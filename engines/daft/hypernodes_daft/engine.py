@@ -51,7 +51,12 @@ import daft
 from daft import DataType, col
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import flow_tasks, partition_size
+from hypernodes_dist.engines.kit import (
+    check_cache_seen,
+    check_output_seen,
+    flow_tasks,
+    partition_size,
+)
 from hypernodes_dist.execution.job import MapJob, Sink
 
 from .datasets import part_rows, run_dataset_native
@@ -138,12 +143,31 @@ class DaftEngine(Engine):
 
     # ------------------------------------------------------------------ datasets
     def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
-        """Native runner: one Daft query per part (``datasets.py``); Ray: parts in the driver."""
+        """Native runner: one Daft query per part (``datasets.py``); Ray: one Ray task per
+        part, which reads, computes and writes it (``on_ray.py``)."""
         self._ensure_runner()
         if self.runner == "native":
             run_dataset_native(job, report, self.batch_size)
         else:
-            job.run_here(report)
+            from .on_ray import run_dataset_ray  # ray is an optional extra: loaded on use
+
+            run_dataset_ray(job, report, in_flight=2 * _ray_cpus())
+
+    def check_cache(self, cache: Any) -> None:
+        """On Ray, every node must see the driver's cache store (checked on each node)."""
+        if self.runner == "ray":
+            from .on_ray import run_everywhere
+
+            self._ensure_runner()
+            check_cache_seen(cache, run_everywhere, "Ray node")
+
+    def check_output(self, out: Any) -> None:
+        """On Ray, every node may write parts: each must see ``into``."""
+        if self.runner == "ray":
+            from .on_ray import run_everywhere
+
+            self._ensure_runner()
+            check_output_seen(out, run_everywhere, "Ray node")
 
     def dataset_part_rows(self, n: int | None) -> int:
         return part_rows(n, self.batch_size)

@@ -30,11 +30,10 @@ from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
 from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import NodeError, UnpicklableError, portable
-from hypernodes_dist.sinks.parquet import ParquetDataset
 
 from .compile import Shipment, write_shipment
 
-__all__ = ["run_dataset_distributed", "run_dataset_local", "check_workers_see"]
+__all__ = ["run_dataset_distributed", "run_dataset_local"]
 
 Report = Callable[[PartReport], None]
 PART_KEY = "hn-dataset-part"
@@ -172,25 +171,6 @@ def _dask_parts(job: DatasetJob, engine: Any) -> list[Part]:
 
 
 # ------------------------------------------------------------------ distributed
-
-
-def check_workers_see(client: Any, out: ParquetDataset) -> None:
-    """Raise before anything runs if some worker cannot see the ``into`` directory."""
-    if out.remote:
-        return  # object stores are reachable from every worker
-    marker = out.marker()
-    try:
-        seen = client.run(out.sees, marker)
-    finally:
-        out.drop(marker)
-    names = {a: w.get("name") for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
-    blind = sorted(f"{a} (name {names.get(a)!r})" for a, ok in seen.items() if not ok)
-    if blind:
-        raise ValueError(
-            f"into={out.location!r} is not visible from Dask worker(s) {', '.join(blind)} "
-            "(another machine): the workers write the output files themselves. Use a "
-            "directory every worker sees (a shared filesystem) or an object-store URI such "
-            "as s3://bucket/prefix")
 
 
 def run_dataset_distributed(engine: Any, job: DatasetJob, report: Report) -> None:

@@ -33,7 +33,12 @@ from typing import Any, ClassVar
 from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import flow_tasks, partition_size
+from hypernodes_dist.engines.kit import (
+    check_cache_seen,
+    check_output_seen,
+    flow_tasks,
+    partition_size,
+)
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.execution.job import MapJob, Sink
 
@@ -47,7 +52,7 @@ from .compile import (
     run_partition,
     write_shipment,
 )
-from .datasets import check_workers_see, run_dataset_distributed, run_dataset_local
+from .datasets import run_dataset_distributed, run_dataset_local
 from .packing import unpack
 
 __all__ = ["DaskEngine", "auto_partition_size"]
@@ -187,11 +192,6 @@ class DaskEngine(Engine):
         else:
             run_dataset_local(self, job, report)
 
-    def check_output(self, out: Any) -> None:
-        """On a cluster, every worker writes its parts: each must see ``into``."""
-        if self.scheduler == "distributed":
-            check_workers_see(self.client, out)
-
     def dataset_workers(self) -> int:
         return self.workers()
 
@@ -202,16 +202,21 @@ class DaskEngine(Engine):
     def check_cache(self, cache: Any) -> None:
         """On a cluster, every worker must see the driver's cache store (a ``DiskCache`` on
         another machine would silently start empty there): checked on each worker now."""
-        if self.scheduler != "distributed" or not hasattr(cache, "check_visible"):
-            return
-        problems = {w: msg for w, msg in self.client.run(_check_cache, cache).items() if msg}
-        if problems:
-            from hypernodes_dist.cache.base import CacheNotVisibleError
+        if self.scheduler == "distributed":
+            check_cache_seen(cache, self._run_everywhere, "Dask worker")
 
-            workers = ", ".join(sorted(problems))
-            raise CacheNotVisibleError(
-                f"{len(problems)} Dask worker(s) cannot see the cache ({workers}): "
-                f"{next(iter(problems.values()))}")
+    def check_output(self, out: Any) -> None:
+        """On a cluster, every worker writes its parts: each must see ``into``."""
+        if self.scheduler == "distributed":
+            check_output_seen(out, self._run_everywhere, "Dask worker")
+
+    def _run_everywhere(self, fn: Callable[..., Any], arg: Any) -> dict[str, Any]:
+        """``fn(arg, worker)`` on every worker of the cluster, by worker address and name."""
+        client = self.client
+        names = {a: w.get("name") for a, w in
+                 client.scheduler_info(n_workers=-1)["workers"].items()}
+        return {f"{a} (name {names.get(a)!r})": r
+                for a, r in client.run(_on_worker, fn, arg).items()}
 
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         if self.scheduler == "distributed":
@@ -320,15 +325,9 @@ class DaskEngine(Engine):
                     pass
 
 
-def _check_cache(cache: Any, dask_worker: Any = None) -> str | None:
-    """Runs on one Dask worker: why it cannot see ``cache``, or ``None``."""
-    from hypernodes_dist.cache.base import CacheNotVisibleError
-
-    try:
-        cache.check_visible(getattr(dask_worker, "address", None))
-    except CacheNotVisibleError as exc:
-        return str(exc)
-    return None
+def _on_worker(fn: Callable[..., Any], arg: Any, dask_worker: Any = None) -> Any:
+    """Runs on one Dask worker (``client.run``): ``fn(arg, its address)``."""
+    return fn(arg, getattr(dask_worker, "address", None))
 
 
 _MAX_RESUBMITS = 5  # a partition whose result is lost more often than this fails the map
