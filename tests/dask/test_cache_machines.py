@@ -12,10 +12,12 @@ a relative (or home-based) cache path means a different directory there, as on a
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -163,8 +165,9 @@ def s3_url(monkeypatch):
         fs = pafs.S3FileSystem(endpoint_override=f"http://{host}:{port}", scheme="http",
                                region="us-east-1", allow_bucket_creation=True)
         fs.create_dir("hn-bucket")
-        yield (f"s3://hn-bucket/cache?endpoint_override=http://{host}:{port}"
-               "&scheme=http&region=us-east-1")
+        # moto keeps its objects per process, across servers: a fresh prefix per test
+        yield (f"s3://hn-bucket/cache-{uuid.uuid4().hex[:8]}?endpoint_override=http://"
+               f"{host}:{port}&scheme=http&region=us-east-1")
     finally:
         server.stop()
 
@@ -205,7 +208,9 @@ def square(x: int) -> int:
     return x * x
 
 
-def test_s3_corrupt_objects_are_misses_and_recomputed(s3_url):
+@pytest.mark.parametrize("damage", [lambda b: b"\x00garbage", lambda b: b[: len(b) // 2]],
+                         ids=["garbage", "truncated"])
+def test_s3_corrupt_objects_are_misses_and_recomputed(s3_url, damage):
     import pyarrow.fs as pafs
 
     calls = CALLS
@@ -217,8 +222,10 @@ def test_s3_corrupt_objects_are_misses_and_recomputed(s3_url):
                if i.type == pafs.FileType.File and i.path.endswith(".seg")]
     assert objects
     for info in objects:
+        with fs.open_input_stream(info.path) as f:
+            data = f.read()
         with fs.open_output_stream(info.path) as out:
-            out.write(b"\x00garbage")
+            out.write(damage(data))
     again = Graph([square], cache=ObjectStoreCache(s3_url)).map({"x": [1, 2, 3]}, map_over="x")
     assert [r["sq"] for r in again] == [1, 4, 9]
     assert sorted(calls) == [1, 1, 2, 2, 3, 3]
@@ -226,3 +233,24 @@ def test_s3_corrupt_objects_are_misses_and_recomputed(s3_url):
     assert [r["sq"] for r in third] == [1, 4, 9] and len(calls) == 6  # rewritten, now hits
     stats = ObjectStoreCache(s3_url).stats()
     assert stats["by_node"]["square"]["entries"] == 3
+
+
+def _s3_writer(url: str, worker: int, count: int) -> int:
+    cache = ObjectStoreCache(url)
+    for i in range(count):
+        cache.set_many({f"w{worker}-{i}": {"worker": worker, "i": i}}, node=f"n{i % 3}")
+    return worker
+
+
+@pytest.mark.slow
+def test_eight_processes_writing_to_s3_lose_nothing(s3_url):
+    """8 writer processes x 100 writes on one S3 prefix (each write: two new objects)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        assert sorted(pool.starmap(_s3_writer, [(s3_url, w, 100) for w in range(8)])) == list(
+            range(8))
+    keys = [f"w{w}-{i}" for w in range(8) for i in range(100)]
+    got = ObjectStoreCache(s3_url).get_many(keys)
+    assert len(got) == 800 and got["w5-42"] == {"worker": 5, "i": 42}
+    assert ObjectStoreCache(s3_url).stats()["entries"] == 800
+
