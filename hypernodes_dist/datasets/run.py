@@ -18,7 +18,6 @@ from hypernodes_dist.datasets.result import DatasetResult
 from hypernodes_dist.datasets.schema import output_schema
 from hypernodes_dist.datasets.source import ListSource, Source, open_source
 from hypernodes_dist.errors import GraphInputError
-from hypernodes_dist.events import Dispatcher
 from hypernodes_dist.execution.job import BatchSettings
 from hypernodes_dist.inputs import (
     check_inputs,
@@ -29,6 +28,7 @@ from hypernodes_dist.inputs import (
     new_session_id,
 )
 from hypernodes_dist.plan import Plan
+from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
 if TYPE_CHECKING:
@@ -167,32 +167,13 @@ def run_dataset(
     return DatasetResult(out, settings.session_id)
 
 
-class DatasetCollector:
+class DatasetCollector(Tally):
     """Driver side of a dataset map: progress, callbacks and counts -- never rows."""
 
     def __init__(self, job: DatasetJob, callbacks: Sequence[Any], progress: bool, engine: str):
-        self.callbacks = callbacks
-        self.dispatch = Dispatcher(callbacks)
-        self.done = self.failed = self.hits = 0
-        self.bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            written = min(job.n or 0, len(job.skip) * job.rows_per_part)  # earlier runs
-            self.bar = tqdm(total=job.n, initial=written, desc=f"map [{engine}] -> parquet",
-                            unit="item", dynamic_ncols=True)
+        written = min(job.n or 0, len(job.skip) * job.rows_per_part)  # earlier runs
+        super().__init__(callbacks, progress, job.n, f"map [{engine}] -> parquet", written)
 
     def accept(self, report: PartReport) -> None:
-        self.done += report.n
-        self.failed += report.failed
-        self.hits += report.hits
-        if self.callbacks:
-            self.dispatch.all(report.events)
+        self.add(report.n, report.hits, report.failed, report.events)
         report.events = []
-        if self.bar is not None:
-            self.bar.set_postfix(cache_hits=self.hits, errors=self.failed, refresh=False)
-            self.bar.update(report.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -24,8 +24,8 @@ from typing import Any
 
 from hypernodes_dist.cache.keys import FLUSH_SECONDS
 from hypernodes_dist.execution.context import PARENT, Parent
-from hypernodes_dist.execution.guard import Attempts, Guard
-from hypernodes_dist.execution.invoke import call_node, join_chunks
+from hypernodes_dist.execution.guard import Guard, timed_call
+from hypernodes_dist.execution.invoke import join_chunks
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import MISSING
 
@@ -144,15 +144,8 @@ class ColumnCalls:
             if node.nests:  # this task's own context
                 PARENT.set(self._parent(i))
             async with sem:
-                t0 = time.perf_counter()
                 kwargs = dict(zip(params, args)) if params else {}
-                if guard is None:
-                    value = await call_node(node, kwargs, None)
-                else:  # timed from the successful attempt's start: waits are not running
-                    timing = Attempts()
-                    value = await guard.run(lambda: call_node(node, kwargs, None),
-                                            self.chunk.offset + i, timing=timing)
-                    t0 = timing.start
+                value, t0 = await timed_call(node, kwargs, guard, self.chunk.offset + i)
                 if persist is not None:
                     persist((i,), (value,))
                 return value, t0, time.perf_counter()

@@ -30,8 +30,8 @@ from hypernodes_dist.events import NodeColumns
 from hypernodes_dist.execution.calls import Clock
 from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import PARENT, worker_id
-from hypernodes_dist.execution.guard import WINDOW, Attempts
-from hypernodes_dist.execution.invoke import call_node, split_outputs
+from hypernodes_dist.execution.guard import WINDOW, timed_call
+from hypernodes_dist.execution.invoke import split_outputs
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import MISSING, Plan
@@ -128,15 +128,8 @@ class ItemFlow(Columnar):
         nested = None
         if node.nests:  # inner runs are children of the item's run (events, cache, session)
             nested = PARENT.set(self._parent(i))
-        t0 = time.perf_counter()
         try:
-            if guard is None:
-                value = await call_node(node, kwargs, None)
-            else:  # timed from the successful attempt's start: waits are not running
-                timing = Attempts()
-                value = await guard.run(lambda: call_node(node, kwargs, None),
-                                        self.chunk.offset + i, timing=timing)
-                t0 = timing.start
+            value, t0 = await timed_call(node, kwargs, guard, self.chunk.offset + i)
         except Exception as exc:
             self._record_failure(node, i, exc)
             return

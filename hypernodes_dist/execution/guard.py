@@ -255,6 +255,19 @@ class Guard:
         return guarded
 
 
+async def timed_call(node: Any, kwargs: dict[str, Any], guard: Guard | None,
+                     item: int) -> tuple[Any, float]:
+    """``(value, start)`` of one call of ``node`` in a map batch, under its ``guard``: the
+    start is the successful attempt's (waits for slots, rates and back-offs are not
+    running time)."""
+    if guard is None:
+        start = time.perf_counter()
+        return await call_node(node, kwargs, None), start
+    timing = Attempts()
+    value = await guard.run(lambda: call_node(node, kwargs, None), item, timing=timing)
+    return value, timing.start
+
+
 def awaits(node: Any) -> bool:
     """Whether calling ``node`` may suspend (async functions, async/lazy streams)."""
     return bool(node.is_async or (node.streaming and not node.is_generator))

@@ -7,11 +7,11 @@ from typing import Any
 
 from hypernodes_dist.cache.base import prepare_cache
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.events import Dispatcher
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from hypernodes_dist.plan import MISSING, Plan
 from hypernodes_dist.results import GraphResult, MapResult
+from hypernodes_dist.run.progress import Tally
 
 __all__ = ["run_map", "MapCollector", "reject_interrupts"]
 
@@ -68,34 +68,18 @@ def reject_interrupts(plan: Plan) -> None:
         )
 
 
-class MapCollector:
+class MapCollector(Tally):
     """Receives batches in any order; dispatches their events; builds the ordered result."""
 
     def __init__(self, job: MapJob, callbacks: Sequence[Any], progress: bool, engine: str):
+        super().__init__(callbacks, progress, job.n, f"map [{engine}]")
         self.job = job
-        self.callbacks = callbacks
-        self.dispatch = Dispatcher(callbacks)
         self.batches: list[BatchResult] = []
-        self.done = 0
-        self.hits = 0
-        self.failed = 0
-        self.bar = _progress_bar(job.n, engine) if progress else None
 
     def accept(self, batch: BatchResult) -> None:
         self.batches.append(batch)
-        self.done += batch.n
-        self.hits += batch.hits
-        self.failed += len(batch.errors)
-        if self.callbacks:
-            self.dispatch.all(batch.events)
+        self.add(batch.n, batch.hits, len(batch.errors), batch.events)
         batch.events = []
-        if self.bar is not None:
-            self.bar.set_postfix(cache_hits=self.hits, errors=self.failed, refresh=False)
-            self.bar.update(batch.n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
     def result(self) -> MapResult:
         batches = sorted(self.batches, key=lambda b: b.offset)
@@ -129,9 +113,3 @@ def _columns(batches: list[BatchResult]) -> dict[str, list[Any]]:
                        (None if v is MISSING else v for v in values))
         table[name] = col
     return table
-
-
-def _progress_bar(total: int, engine: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=f"map [{engine}]", unit="item", dynamic_ncols=True)
