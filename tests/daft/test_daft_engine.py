@@ -8,7 +8,7 @@ import pytest
 
 from hypernodes_daft import DaftEngine
 from hypernodes_daft.frame import item_frame
-from hypernodes_daft.udf import _runs
+from hypernodes_daft.udf import consecutive_runs
 from hypernodes_dist import DiskCache, Graph, GraphEngine, node
 from hypernodes_dist.engines import get_engine
 from tests.conformance import graphs as G
@@ -23,9 +23,9 @@ def test_entry_point_and_arguments():
 
 
 def test_runs_of_consecutive_row_ids():
-    assert _runs([4, 5, 6]) == [(0, 3)]
-    assert _runs([4, 5, 9, 10, 2]) == [(0, 2), (2, 4), (4, 5)]
-    assert _runs([7]) == [(0, 1)]
+    assert consecutive_runs([4, 5, 6]) == [(0, 3)]
+    assert consecutive_runs([4, 5, 9, 10, 2]) == [(0, 2), (2, 4), (4, 5)]
+    assert consecutive_runs([7]) == [(0, 1)]
 
 
 def test_frame_keeps_python_values_exact():

@@ -38,7 +38,7 @@ from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.context import worker_id
 
-from .udf import apply_udf
+from .udf import apply_udf, consecutive_runs
 from .uris import io_config
 
 __all__ = ["run_dataset_native", "part_rows"]
@@ -167,7 +167,7 @@ def _make_udf(task: PartTask, shift: int, names: list[str], token: str) -> Calla
             return _nulls(len(positions), struct)
         parts: list[dict[str, pa.Array]] = []
         try:
-            for a, b in _runs(positions):
+            for a, b in consecutive_runs(positions):
                 offset = positions[a] + shift
                 report = PartReport(-1, offset, b - a)
                 parts.append(task.compute(offset, b - a,
@@ -197,16 +197,6 @@ def _post(token: str, message: Any) -> None:
         box = _MAIL.get(token)
         if box is not None:
             box.append(message)
-
-
-def _runs(ids: list[int]) -> list[tuple[int, int]]:
-    """``[a, b)`` positions of maximal runs of consecutive ids."""
-    runs, start = [], 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[i - 1] + 1:
-            runs.append((start, i))
-            start = i
-    return runs
 
 
 def _cpus() -> int:

@@ -67,7 +67,7 @@ def make_udf(
         ids = rows.to_pylist()
         values = [c.to_pylist() for c in columns]
         return len(ids), [Chunk(ids[a], b - a, {k: v[a:b] for k, v in zip(names, values)},
-                                broadcast) for a, b in _runs(ids)]
+                                broadcast) for a, b in consecutive_runs(ids)]
 
     def cells(n: int, outcome: list[BatchResult] | Failure) -> pa.Array:
         out: list[bytes | None] = [None] * n
@@ -103,7 +103,7 @@ def make_udf(
     return flow_batch if local and plan.flows else run_batch
 
 
-def _runs(ids: list[int]) -> list[tuple[int, int]]:
+def consecutive_runs(ids: list[int]) -> list[tuple[int, int]]:
     """``[a, b)`` positions of maximal runs of consecutive row ids."""
     if ids and ids[-1] - ids[0] == len(ids) - 1 and ids == list(range(ids[0], ids[-1] + 1)):
         return [(0, len(ids))]

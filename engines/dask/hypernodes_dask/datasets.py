@@ -32,6 +32,7 @@ from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import NodeError, UnpicklableError, portable
 
 from .compile import Shipment, write_shipment
+from .local import compute_local, running_keys
 
 __all__ = ["run_dataset_distributed", "run_dataset_local"]
 
@@ -83,42 +84,16 @@ def _windows(job: DatasetJob, size: int) -> Iterator[list[Part]]:
 
 def run_dataset_local(engine: Any, job: DatasetJob, report: Report) -> None:
     """Threads / processes / sync: one graph per window of parts, reports as tasks end."""
-    import dask.local
-    import dask.multiprocessing
-    import dask.threaded
-    from dask.callbacks import Callback
-
     if engine._processes is not None:
         data, digest = _ship(job.task, "worker processes")
         shared: Any = write_shipment(data, digest, engine._processes.scratch())
     else:
         shared = job.task
-    outputs: set[Any] = set()
-    running: set[Any] = set()
-
-    def pretask(key: Any, _dsk: Any, _state: Any) -> None:
-        running.add(key)
-
-    def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
-        running.discard(key)
-        if key in outputs:
-            report(result)
-
-    callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
     try:
         for dsk, keys in _graphs(engine, job, shared):
-            outputs.clear()
-            outputs.update(keys)
-            if engine._processes is not None:
-                dask.multiprocessing.get(dsk, keys, pool=engine._processes.pool(),
-                                         optimize_graph=False, chunksize=1, callbacks=callbacks)
-            elif engine.scheduler == "threads":
-                dask.threaded.get(dsk, keys, num_workers=engine.num_workers,
-                                  callbacks=callbacks)
-            else:
-                dask.local.get_sync(dsk, keys, callbacks=callbacks)
+            compute_local(engine, dsk, keys, report, threads=engine.num_workers)
     except BrokenProcessPool as exc:  # a worker died (signal, os._exit, out of memory)
-        parts = sorted(k[1] for k in running if isinstance(k, tuple) and k[0] == PART_KEY)
+        parts = sorted(k[1] for k in running_keys(exc) if isinstance(k, tuple) and k[0] == PART_KEY)
         raise NodeError(
             f"a Dask worker process died running part(s) {parts} of the dataset map (killed, "
             "os._exit, segfault or out of memory); every part already written is kept: "

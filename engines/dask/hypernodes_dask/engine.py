@@ -53,6 +53,7 @@ from .compile import (
     write_shipment,
 )
 from .datasets import run_dataset_distributed, run_dataset_local
+from .local import compute_local, running_keys
 from .packing import unpack
 
 __all__ = ["DaskEngine", "auto_partition_size"]
@@ -274,11 +275,6 @@ class DaskEngine(Engine):
             del pending, shared, done
 
     def _map_local(self, job: MapJob, sink: Sink) -> None:
-        import dask.local
-        import dask.multiprocessing
-        import dask.threaded
-        from dask.callbacks import Callback
-
         size = self.partition_size_for(job.n, job.plan.flows)
         path = None
         shared: Payload | Shipment
@@ -289,33 +285,12 @@ class DaskEngine(Engine):
         else:
             shared = Payload(job.plan, job.broadcast, job.settings)
         dsk, keys = build_graph(job, size, shared=shared, pack=path is not None)
-        outputs = frozenset(keys)
-
-        running: set[Any] = set()
-
-        def pretask(key: Any, _dsk: Any, _state: Any) -> None:
-            running.add(key)
-
-        def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
-            running.discard(key)
-            if key in outputs:
-                sink(unpack(result))
-
-        callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
         try:
-            if self._processes is not None:
-                dask.multiprocessing.get(
-                    dsk, keys, pool=self._processes.pool(job.plan.flows), optimize_graph=False,
-                    chunksize=1, callbacks=callbacks,
-                )
-            elif self.scheduler == "threads":
-                dask.threaded.get(dsk, keys, num_workers=self._threads(job, size),
-                                  callbacks=callbacks)
-            else:
-                dask.local.get_sync(dsk, keys, callbacks=callbacks)
+            compute_local(self, dsk, keys, lambda result: sink(unpack(result)),
+                          flows=job.plan.flows, threads=self._threads(job, size))
         except BrokenProcessPool as exc:  # a worker process died with partitions in flight
             bounds = dict(zip(keys, job.bounds(size)))
-            spans = [bounds[k] for k in running if k in bounds]
+            spans = [bounds[k] for k in running_keys(exc) if k in bounds]
             raise _worker_died(job, spans, "a Dask worker process died") from exc
         finally:
             if path is not None:

@@ -1,0 +1,52 @@
+"""A task graph on Dask's local schedulers (threads, processes, sync): each finished output
+key's result is handed to the driver as it completes (``get_async`` runs its callbacks in
+the calling thread), and a worker process that dies is reported with the keys it ran."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+__all__ = ["compute_local", "running_keys"]
+
+
+def running_keys(error: BrokenProcessPool) -> list[Any]:
+    """The keys that were running when the worker process died (``compute_local``)."""
+    return list(getattr(error, "hn_running", []))
+
+
+def compute_local(engine: Any, dsk: dict[Any, Any], keys: list[Any],
+                  deliver: Callable[[Any], None], *, flows: bool = False,
+                  threads: int | None = None) -> None:
+    """Compute ``keys`` of ``dsk`` on ``engine``'s local scheduler, ``deliver(result)`` for
+    each as it finishes (``flows``: the process pool for plans whose items flow;
+    ``threads``: the threaded scheduler's thread count)."""
+    import dask.local
+    import dask.multiprocessing
+    import dask.threaded
+    from dask.callbacks import Callback
+
+    outputs = frozenset(keys)
+    running: set[Any] = set()
+
+    def pretask(key: Any, _dsk: Any, _state: Any) -> None:
+        running.add(key)
+
+    def posttask(key: Any, result: Any, _dsk: Any, _state: Any, _worker: Any) -> None:
+        running.discard(key)
+        if key in outputs:
+            deliver(result)
+
+    callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
+    try:
+        if engine._processes is not None:
+            dask.multiprocessing.get(dsk, keys, pool=engine._processes.pool(flows),
+                                     optimize_graph=False, chunksize=1, callbacks=callbacks)
+        elif engine.scheduler == "threads":
+            dask.threaded.get(dsk, keys, num_workers=threads, callbacks=callbacks)
+        else:
+            dask.local.get_sync(dsk, keys, callbacks=callbacks)
+    except BrokenProcessPool as exc:  # a worker died: say which keys it was running
+        exc.hn_running = sorted(running, key=repr)  # type: ignore[attr-defined]
+        raise
