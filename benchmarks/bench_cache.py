@@ -12,8 +12,12 @@ Each cache's store is opened before the clock starts (importing pyarrow.fs costs
 Targets (issue 17): cold / uncached <= 5x for DiskCache, <= 3x for ObjectStoreCache on a
 local directory; warm >= 100k items/s for both.
 
-Run: ``.venv/bin/python benchmarks/bench_cache.py [--items N] [--repeat R]``; prints a table,
-writes benchmarks/results/cache.json.
+Then the users' job (``--api-rows``, default 5,000): ``bench_policies.py``'s async, flaky API
+node (5-20 ms, 5% of rows fail once, ``retries=3, backoff=0.2, concurrency=64``) uncached,
+with a cold cache and warm, per backend: what the cache costs and saves on real calls.
+
+Run: ``.venv/bin/python benchmarks/bench_cache.py [--items N] [--repeat R] [--api-rows N]``;
+prints a table, writes benchmarks/results/cache.json.
 """
 
 from __future__ import annotations
@@ -80,6 +84,35 @@ def bench_backend(name: str, make: Callable[[Path], object], where: Path, inputs
     assert all(h.cached for h in res[n // 2].history), "the warm map missed"
 
 
+def api_rows(n: int) -> list[dict]:
+    """The API workload uncached, cold and warm on each backend (one run each)."""
+    import bench_policies
+
+    xs = list(range(n))
+    rows = []
+
+    def row(case: str, graph: Graph) -> float:
+        bench_policies._FAILED.clear()  # every row fails once again
+        t = timed(lambda: graph.map({"x": xs}, map_over="x"))
+        rows.append({"case": f"api: {case}", "items": n, "seconds": round(t, 3),
+                     "items_per_s": round(n / t)})
+        return t
+
+    base = row("no cache", Graph(bench_policies.API))
+    tmp = Path(tempfile.mkdtemp(prefix="hn-bench-cache-api-"))
+    try:
+        for name, make in BACKENDS.items():
+            where = Path(tempfile.mkdtemp(dir=tmp))
+            row(f"{name}: cold", Graph(bench_policies.API, cache=make(where)))
+            row(f"{name}: warm", Graph(bench_policies.API, cache=make(where)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for r in rows:
+        r["ratio_to_no_cache"] = round(r["seconds"] / base, 3)
+        r["target"], r["met"] = "", ""
+    return rows
+
+
 def main(n: int, repeat: int) -> list[dict]:
     tmp = Path(tempfile.mkdtemp(prefix="hn-bench-cache-"))
     best: dict[str, float] = {}
@@ -106,8 +139,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--api-rows", type=int, default=5_000, help="0 skips the API rows")
     args = parser.parse_args()
     rows = main(args.items, args.repeat)
+    if args.api_rows:
+        rows += api_rows(args.api_rows)
     print_table(rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
     load = [round(x, 2) for x in os.getloadavg()]  # a busy machine inflates every row

@@ -65,8 +65,7 @@ class Chunks(list):  # type: ignore[type-arg]
     """The chunks a streaming execution yielded, in order."""
 
     def joined(self) -> Any:
-        """The chunks joined like a streaming node's value ("".join, b"".join, merged dicts;
-        no chunks: ``[]``, the trace does not know the stream's kind)."""
+        """Joined like a stream's value (no chunks: ``[]``: the trace knows no stream kind)."""
         return join_chunks(list(self))
 
 
@@ -106,13 +105,15 @@ class Fold:
             self._fold(event)
 
     def _fold(self, entry: Any) -> None:
-        if type(entry) is E.BatchEvent:
-            self._on_batch(entry)
-        else:  # a kept event: the handlers read it like the event
-            make, fold = _REPLAY[entry[0]]
-            if fold is not None and (ev := make(entry[1])).run_id:
-                fold(self, ev)
+        self._on_batch(entry) if type(entry) is E.BatchEvent else self._replay(entry)
         self.commit()
+
+    def _replay(self, entry: Any) -> None:
+        """An event, or a kept one (code, fields: the handlers read it like the event)."""
+        make, fold = _REPLAY[entry[0]] if type(entry) is tuple else (None, handler(type(entry)))
+        event = entry if make is None else make(entry[1])
+        if fold is not None and event.run_id:
+            fold(self, event)
 
     def columns(self) -> tuple[list[TraceNode], list[E.BatchEvent]]:
         """Records and deferred batches: every vertex (overlapping batches folded first)."""
@@ -260,59 +261,58 @@ class Fold:
         if rec.status == "pending":
             rec.status, rec.started_at = "running", ev.timestamp
 
-    def _on_run_end(self, ev: E.RunEndEvent) -> None:
+    def _on_run_end(self, ev: E.RunEndEvent) -> None:  # counted by its map while open
         item, parent = ev.item_index, ev.parent_run_id
         mid = _map_id(ev.run_id, item, ev.session_id) if item is not None and not parent else ""
         rec = self._run(ev.run_id, ev.session_id, item, parent, mid)
-        self._end_run(rec, ev.status, ev.error, ev.duration_ms, ev.timestamp, mid)
-
-    def _end_run(self, rec: TraceNode, status: str, error: Any, duration: float, end: float,
-                 mid: str) -> None:  # counted by its map ``mid`` (if any) when it was open
         if mid in self.nodes and rec.status in _OPEN:
-            m = self.edit(mid)
-            m.items, m.failed = m.items + 1, m.failed + (status == "error")
-            m.status = "error" if m.failed else "complete"
-        rec.status, rec.error = status, _err(error)
-        rec.duration_ms = duration or (None if rec.started_at is None else (end - rec.started_at) * 1e3)
+            self._count(mid, 1, ev.status == "error")
+        started, rec.status, rec.error = rec.started_at, ev.status, _err(ev.error)
+        rec.duration_ms = ev.duration_ms or (
+            None if started is None else (ev.timestamp - started) * 1e3)
 
     def _on_batch(self, ev: E.BatchEvent) -> None:
-        """A map batch in columns: the same trace as its ``expand()``, without the events."""
+        """A map batch: new top-level runs in columns (the hot path: records built directly),
+        any other batch (nested runs, policy events, runs seen before) as its ``expand()``."""
         runs = [f"{ev.run_id}{ev.offset + i}" for i in range(ev.n)]
         mid = _map_id(runs[0], ev.offset, ev.session_id) if runs and not ev.parent_run_id else ""
-        for i, run_id in enumerate(runs):
-            rec = self._run(run_id, ev.session_id, ev.offset + i, ev.parent_run_id, mid)
-            if rec.status == "pending":
-                rec.status, rec.started_at = "running", ev.started_at
-        for part in ev.parts:
-            if type(part) is E.NodeColumns:
-                self._fold_columns(ev, part, runs)
-            else:
-                self._fold(part)
-        for i, run_id in enumerate(runs):
-            error = ev.errors.get(i)
-            self._end_run(self.edit(run_id), "error" if error else "complete", error,
-                          (ev.ended_at - ev.started_at) * 1e3, ev.ended_at, mid)
+        if not (mid and _columnar(ev) and self.nodes.keys().isdisjoint(runs)):
+            for event in ev.expand():
+                self._replay(event)
+            return
+        self._fold_fresh(ev, runs, mid)
 
-    def _fold_columns(self, ev: E.BatchEvent, part: E.NodeColumns, runs: list[str]) -> None:
-        """One record per execution, created complete (a start and an end in one step); one
-        that already has a record (a nested run's placeholder) takes the events instead."""
+    def _fold_fresh(self, ev: E.BatchEvent, runs: list[str], mid: str) -> None:
+        """A columnar batch of new top-level runs, records built directly (the hot path):
+        each run ended, each execution complete (a start and an end in one step)."""
         nodes, edges, latest = self.nodes, self.edges, self.latest
-        session, parent, offset, worker = ev.session_id, ev.parent_run_id, ev.offset, ev.worker
-        name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
-        node_type = "" if cached else part.node_type  # a hit has no start event
-        times = ev.times(part)
-        for k, (i, started, duration) in enumerate(zip(part.items, times[0], times[2])):
-            run_id = runs[i]  # every run of the batch has its record
-            tid = f"{run_id}:{name}:0"
-            if tid in nodes:
-                for event in ev.executions(part, (k,), times):
-                    handler(type(event))(self, event)  # type: ignore[misc]
-                continue
-            nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i, parent,
-                          node_type, step, started, duration, cached, worker, 1, 0.0, None, None,
-                          None, tags, 0, 0)  # values(TraceNode(...)), built directly: hot path
-            edges.append((latest.get(run_id, run_id), tid, "seq"))
-            latest[run_id] = tid
+        if mid not in nodes:
+            self.put(TraceNode(mid, "map", session_id=ev.session_id, status="running"))
+        session, offset, started, errors = ev.session_id, ev.offset, ev.started_at, ev.errors
+        took = (ev.ended_at - started) * 1e3
+        nodes.update((run_id, (
+            run_id, "run", run_id, "", 0, "error" if i in errors else "complete", session,
+            offset + i, None, "", -1, started, took, False, "", 0, 0.0, _err(errors.get(i)),
+            None, None, (), 0, 0)) for i, run_id in enumerate(runs))
+        edges.extend((mid, run_id, "map") for run_id in runs)
+        self._count(mid, len(runs), len(errors))
+        for part in ev.parts:
+            name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
+            node_type = "" if cached else part.node_type  # a hit has no start event
+            times = ev.times(part)
+            for i, start, ms in zip(part.items, times[0], times[2]):
+                run_id = runs[i]
+                tid = f"{run_id}:{name}:0"
+                nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i,
+                              None, node_type, step, start, ms, cached, ev.worker, 1, 0.0, None,
+                              None, None, tags, 0, 0)  # values(TraceNode(...))
+                edges.append((latest.get(run_id, run_id), tid, "seq"))
+                latest[run_id] = tid
+
+    def _count(self, mid: str, ended: int, failed: int) -> None:
+        m = self.edit(mid)  # map ``mid``: ``ended`` more of its item runs ended
+        m.items, m.failed = m.items + ended, m.failed + failed
+        m.status = "error" if m.failed else "complete"
 
 
 def _map_id(run_id: str, item: int, session: str) -> str:

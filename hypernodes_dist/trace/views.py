@@ -66,9 +66,9 @@ def format_summary(stats: dict[str, NodeStats]) -> str:
     """A plain-text table of ``summary(trace)``."""
     head = ("node", "execs", "ran", "cached", "errors", "retries", "p50 ms", "p95 ms", "max ms",
             "waited ms")
-    rows = [head] + [(s.node, str(s.executions), str(s.ran), str(s.cached), str(s.errors),
-                      str(s.retries), f"{s.p50_ms:.3f}", f"{s.p95_ms:.3f}", f"{s.max_ms:.3f}",
-                      f"{s.waited_ms:.1f}") for s in stats.values()]
+    rows = [head] + [(s.node, *map(str, (s.executions, s.ran, s.cached, s.errors, s.retries)),
+                      *(f"{v:.3f}" for v in (s.p50_ms, s.p95_ms, s.max_ms)), f"{s.waited_ms:.1f}")
+                     for s in stats.values()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths))) for r in rows)
