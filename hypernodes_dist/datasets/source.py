@@ -448,8 +448,8 @@ def _dataset_source(dataset: Any) -> Source:
     if isinstance(dataset, ds.InMemoryDataset):
         return TableSource(dataset.to_table())
     n = dataset.count_rows()
-    files = list(getattr(dataset, "files", []))
-    infos = [(i.path, i.size, i.mtime_ns) for i in dataset.filesystem.get_file_info(files)
-             ] if files else []
+    files = list(getattr(dataset, "files", []))  # other file formats: their sizes and times
+    infos = [(i.path, i.size, i.mtime_ns)
+             for i in (dataset.filesystem.get_file_info(files) if files else [])]
     return StreamSource(dataset.schema, iter(dataset.to_batches()), n,
                         _digest("dataset", dataset.schema.to_string(), n, infos))

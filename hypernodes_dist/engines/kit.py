@@ -14,8 +14,9 @@ from hypernodes_dist.cache.base import CacheNotVisibleError
 from hypernodes_dist.errors import UnpicklableError
 from hypernodes_dist.plan import Plan
 
-__all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU", "FLOW_ITEMS_PER_CPU", "unpicklable",
-           "check_picklable", "cache_problem", "check_cache_seen", "check_output_seen"]
+__all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU", "FLOW_ITEMS_PER_CPU",
+           "unpicklable", "check_picklable", "cache_problem", "check_cache_seen",
+           "check_output_seen"]
 
 FLOW_TASKS_PER_CPU = 4
 FLOW_ITEMS_PER_CPU = 1_000
