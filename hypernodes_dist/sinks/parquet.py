@@ -4,7 +4,8 @@
   ``.hn-tmp-*`` name in the same directory and renamed into place, so an output file
   appears complete or not at all (on object stores a finished upload is atomic too);
 - every other file the map keeps there starts with ``_`` or ``.`` (``_hn_manifest.json``,
-  ``_hn_input-000042`` digests of streamed parts' rows, temporary files), so pyarrow, Daft and Dask read the directory as a dataset as it is;
+  ``_hn_input-000042`` digests of streamed parts' rows, temporary files), so pyarrow,
+  Daft and Dask read the directory as a dataset as it is;
 - ``finished()`` lists the parts whose file exists: a rerun skips them.
 
 Local paths and URIs (``s3://``, ``gs://``, ``file://``) go through ``pyarrow.fs``.
