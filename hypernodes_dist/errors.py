@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 __all__ = [
     "GraphBuildError",
+    "call_portably",
     "DuplicateNodeError",
     "UnknownTargetError",
     "AmbiguousProducerError",
@@ -129,3 +131,15 @@ def portable(exc: BaseException) -> BaseException:
             if hasattr(exc, attr):
                 setattr(wrapped, attr, getattr(exc, attr))
         return wrapped
+
+
+def call_portably(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker process whose errors cross a process boundary: an error is
+    made ``portable`` and raised outside the handler, so no unpicklable ``__context__``
+    travels with it."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        error = portable(exc)
+        del exc
+    raise error

@@ -17,7 +17,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
-from hypernodes_dist.errors import portable
+from hypernodes_dist.errors import call_portably
 
 __all__ = ["run_dataset_ray", "run_everywhere"]
 
@@ -59,19 +59,14 @@ def run_dataset_ray(job: DatasetJob, report: Callable[[PartReport], None],
 def _report_one(pending: list[Any], report: Callable[[PartReport], None]) -> list[Any]:
     [done], rest = ray.wait(pending, num_returns=1)
     try:
-        report(ray.get(done))
+        result = ray.get(done)
     except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause
-        if cause is None:
+        if exc.cause is None:
             raise
-        raise cause from None
+        raise exc.cause from None
+    report(result)
     return rest
 
 
 def _run_part(task: PartTask, part: Part) -> PartReport:
-    try:
-        return task.run(part)
-    except Exception as exc:
-        error = portable(exc)  # the error crosses a process boundary: make sure it pickles
-        del exc
-    raise error
+    return call_portably(task.run, part)  # the error crosses a process boundary

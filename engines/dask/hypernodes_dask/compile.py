@@ -41,7 +41,7 @@ import cloudpickle
 from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.engines.kit import check_picklable, flow_tasks, unpicklable
-from hypernodes_dist.errors import UnpicklableError, portable
+from hypernodes_dist.errors import UnpicklableError, call_portably
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, MapJob
@@ -180,13 +180,8 @@ def run_partition(shared: Payload | Shipment, offset: int, n: int,
     chunk = Chunk(offset, n, columns, payload.broadcast)
     if not remote:
         return _execute(payload.plan, chunk, payload.settings)
-    try:
-        return pack(_execute(payload.plan, chunk, payload.settings), payload.plan,
-                    payload.settings)
-    except Exception as exc:
-        error = portable(exc)  # the error crosses a process boundary: make sure it pickles
-        del exc
-    raise error  # raised outside the handler: no unpicklable __context__ travels with it
+    return call_portably(lambda: pack(_execute(payload.plan, chunk, payload.settings),
+                                      payload.plan, payload.settings))
 
 
 def _execute(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:

@@ -29,7 +29,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
 from hypernodes_dist.engines.kit import unpicklable
-from hypernodes_dist.errors import NodeError, UnpicklableError, portable
+from hypernodes_dist.errors import NodeError, UnpicklableError, call_portably
 
 from .compile import Shipment, write_shipment
 from .local import compute_local, running_keys
@@ -53,18 +53,15 @@ def run_part(shared: PartTask | Shipment, part: Part, frame: Any = None) -> Part
     """One Dask task: read, compute and write one part (``frame``: a Dask partition)."""
     remote = isinstance(shared, Shipment)
     task: PartTask = shared.load() if remote else shared  # type: ignore[assignment]
-    try:
-        data = None
+
+    def run() -> PartReport:
+        data, at = None, part
         if frame is not None:
             data = PandasReader(frame).read(task.read_columns)
-            part = Part(part.index, part.offset, len(frame), None)
-        return task.run(part, data=data)
-    except Exception as exc:
-        if not remote:
-            raise
-        error = portable(exc)  # crosses a process boundary: make sure it pickles
-        del exc
-    raise error  # outside the handler: no unpicklable __context__ travels with it
+            at = Part(part.index, part.offset, len(frame), None)
+        return task.run(at, data=data)
+
+    return call_portably(run) if remote else run()
 
 
 def _windows(job: DatasetJob, size: int) -> Iterator[list[Part]]:
