@@ -145,6 +145,29 @@ def _writer(kind: str, path: str, worker: int, count: int) -> int:
     return worker
 
 
+def _opener(path: str, barrier: threading.Barrier, worker: int) -> str:
+    """Open a new ``DiskCache`` at the same moment as the other workers, then write."""
+    barrier.wait()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a cache that could not open warns
+        DiskCache(path).set_many({f"w{worker}": worker}, node="n")
+    return "ok"
+
+
+@pytest.mark.slow
+def test_many_processes_opening_a_new_disk_cache_at_once_all_open_it(tmp_path: pathlib.Path
+                                                                     ) -> None:
+    """Creating the database, its WAL mode and its schema from 12 processes at once: none
+    may give up with "database is locked" (SQLite's busy timeout does not cover them all)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ctx.Pool(12) as pool:
+        for trial in range(3):
+            path = str(tmp_path / f"c{trial}")
+            barrier = manager.Barrier(12)
+            assert pool.starmap(_opener, [(path, barrier, w) for w in range(12)]) == ["ok"] * 12
+            assert len(DiskCache(path).get_many([f"w{w}" for w in range(12)])) == 12
+
+
 @pytest.mark.slow
 def test_eight_processes_times_1000_writes_lose_nothing(kind: str, tmp_path: pathlib.Path) -> None:
     path = str(tmp_path / "shared")

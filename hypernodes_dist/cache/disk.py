@@ -22,8 +22,10 @@ per batch costs one insert per node and batch, whatever the batch size.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -91,16 +93,22 @@ class _SQLiteStore:
             self._connect()
 
     def _connect(self) -> sqlite3.Connection:
+        """The connection, set up on first use. Many processes opening a new database at once
+        can see ``database is locked`` from the WAL switch or the schema, which SQLite's
+        busy timeout does not always cover: set-up is retried until ``timeout``."""
         if self._con is None:
-            con = sqlite3.connect(os.path.join(self.path, DB_NAME), timeout=self.timeout,
-                                  isolation_level=None, check_same_thread=False)
-            # 64 KiB pages (for a new database): segments are large blobs, and large pages write
-            # them ~8x faster than the default 4 KiB pages' overflow chains
-            con.execute("PRAGMA page_size=65536")
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA synchronous=NORMAL")
-            for statement in _SCHEMA:
-                con.execute(statement)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                con = sqlite3.connect(os.path.join(self.path, DB_NAME), timeout=self.timeout,
+                                      isolation_level=None, check_same_thread=False)
+                try:
+                    _set_up(con)
+                    break
+                except sqlite3.OperationalError as exc:
+                    con.close()
+                    if "locked" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(random.uniform(0.005, 0.05))
             self._con = con
         return self._con
 
@@ -225,3 +233,15 @@ def _filter(scope: str | None, node: str | None) -> tuple[str, tuple[str, ...]]:
         parts.append("node = ?")
         args.append(node)
     return ("WHERE " + " AND ".join(parts) if parts else ""), tuple(args)
+
+
+def _set_up(con: sqlite3.Connection) -> None:
+    # 64 KiB pages (for a new database): segments are large blobs, and large pages write
+    # them ~8x faster than the default 4 KiB pages' overflow chains
+    con.execute("PRAGMA page_size=65536")
+    if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # WAL persists in the file
+        con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+    for statement in _SCHEMA:
+        con.execute(statement)
+
