@@ -22,6 +22,7 @@ from hypernodes_dist.nodes import (
     gate,
     node,
 )
+from hypernodes_dist.resources import resource
 from hypernodes_dist.results import GraphResult, MapResult, NodeExecution
 from hypernodes_dist.trace import TraceCollector
 
@@ -36,6 +37,7 @@ __all__ = [
     "gate",
     "END",
     "InterruptNode",
+    "resource",
     "Graph",
     "GraphEngine",
     "Engine",

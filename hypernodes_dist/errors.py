@@ -20,6 +20,7 @@ __all__ = [
     "NodeError",
     "EngineNotFoundError",
     "UnpicklableError",
+    "ResourceError",
     "NestedPause",
     "annotate",
     "portable",
@@ -97,6 +98,19 @@ class NestedPause(BaseException):
 class UnpicklableError(TypeError):
     """A node, an input or a node's result cannot be sent between processes (every engine
     raises this one type); the message names the node, parameter or item and what to do."""
+
+
+class ResourceError(RuntimeError):
+    """Building a ``@resource`` failed in a worker: names the resource and the worker; the
+    original error is the ``__cause__``. Every item that needs the resource fails with it."""
+
+    def __init__(self, message: str, resource: str = "", worker: str = "") -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.worker = worker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.resource, self.worker))
 
 
 def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseException:

@@ -18,6 +18,7 @@ from hypernodes_dist.inputs import (
 )
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import Plan, compile_plan
+from hypernodes_dist.resources import Resource
 from hypernodes_dist.results import GraphResult
 from hypernodes_dist.run.checkpoint import Checkpoint, restore
 from hypernodes_dist.run.graphrun import GraphRun
@@ -34,7 +35,7 @@ class Graph:
 
     def __init__(
         self,
-        nodes: Sequence[HyperNode],
+        nodes: Sequence[HyperNode | Resource],
         engine: Engine | str | None = None,
         cache: Any = None,
         callbacks: Sequence[Any] | None = None,
@@ -43,8 +44,9 @@ class Graph:
         max_iterations: int = 1000,
         name: str | None = None,
     ) -> None:
-        self.nodes: tuple[HyperNode, ...] = tuple(nodes)
-        self.plan: Plan = compile_plan(self.nodes, max_iterations)
+        self.nodes: tuple[HyperNode, ...] = tuple(n for n in nodes if not isinstance(n, Resource))
+        self.resources: tuple[Resource, ...] = tuple(n for n in nodes if isinstance(n, Resource))
+        self.plan: Plan = compile_plan(tuple(nodes), max_iterations)
         self.engine: Engine = resolve(engine)
         self.cache = cache
         self.callbacks: list[Any] = list(callbacks or [])

@@ -29,6 +29,11 @@ def check_inputs(plan: Plan, inputs: Mapping[str, Any], allowed: Iterable[str] =
     if not isinstance(inputs, Mapping):
         raise TypeError(f"inputs must be a dict of parameter name -> value, got {type(inputs).__name__}")
     allowed = set(allowed)
+    resources = sorted(k for k in inputs if k in plan.resources)
+    if resources:
+        raise GraphInputError(
+            f"{', '.join(map(repr, resources))}: a resource (@resource) is built in each "
+            "worker process, never given in inputs; remove it from inputs", resources)
     produced = sorted(k for k in inputs if k in plan.producers and k not in allowed)
     if produced:
         detail = "; ".join(f"{k!r} is produced by {', '.join(plan.producers[k])}" for k in produced)

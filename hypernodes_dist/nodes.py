@@ -85,6 +85,9 @@ class HyperNode:
         self.defaults = dict(defaults)
         self.outputs = tuple(outputs)
         self.func = func
+        self.code = func  # whose code is the node's identity (``resources.bind`` keeps it)
+        self.salt: tuple[str, ...] = ()  # more identity: the resources it receives
+        self.resources: tuple[str, ...] = ()  # parameters bound to resources
         self.tags = tuple(tags)
         self.cache = cache
         self.retries = retries

@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hypernodes_dist.cache.codeid import hash_code
+from hypernodes_dist.cache.hashing import combine
 from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.resources.bind import bind_resources, split_resources
+from hypernodes_dist.resources.declare import Resource
 from hypernodes_dist.topology import Topology, analyze
 
 __all__ = ["Plan", "compile_plan", "MISSING"]
@@ -40,8 +43,10 @@ MISSING: Any = _Missing()
 class Plan:
     """Nodes in a deterministic order plus everything an executor needs, precomputed."""
 
-    def __init__(self, nodes: Sequence[HyperNode], topology: Topology, max_iterations: int):
+    def __init__(self, nodes: Sequence[HyperNode], topology: Topology, max_iterations: int,
+                 resources: dict[str, Resource] | None = None):
         by_name = {n.name: n for n in nodes}
+        self.resources: dict[str, Resource] = dict(resources or {})
         self.topology = topology
         self.nodes: tuple[HyperNode, ...] = tuple(by_name[n] for n in topology.order)
         self.position = {n.name: i for i, n in enumerate(self.nodes)}
@@ -93,9 +98,7 @@ class Plan:
         """Code identity of every cacheable node (``every``: of every node with a function);
         computed once in the driver, then pickled with the plan."""
         if self._code_ids is None:
-            self._code_ids = {
-                n.name: hash_code(n.func, n.version) for n in self.nodes if n.func is not None
-            }
+            self._code_ids = {n.name: _code_id(n) for n in self.nodes if n.func is not None}
         if every:
             return self._code_ids
         return {k: v for k, v in self._code_ids.items() if self.cacheable(self.by_name[k])}
@@ -117,11 +120,19 @@ class Plan:
         return f"Plan({[n.name for n in self.nodes]}, static={self.static})"
 
 
-def compile_plan(nodes: Sequence[HyperNode], max_iterations: int = 1000) -> Plan:
-    """Validate ``nodes`` and compile them into a ``Plan``."""
+def compile_plan(nodes: Sequence[HyperNode | Resource], max_iterations: int = 1000) -> Plan:
+    """Validate ``nodes`` (resources among them) and compile them into a ``Plan``."""
     if max_iterations < 1:
         raise ValueError(f"max_iterations must be >= 1, got {max_iterations}")
-    return Plan(nodes, analyze(nodes), max_iterations)
+    plain, resources = split_resources(nodes)
+    bound = bind_resources(plain, resources)
+    return Plan(bound, analyze(bound), max_iterations, resources)
+
+
+def _code_id(node: HyperNode) -> str:
+    """A node's code identity: its function (or ``version=``), and its resources'."""
+    ident = hash_code(node.code, node.version)
+    return combine(ident, *node.salt) if node.salt else ident
 
 
 def _ordered_outputs(nodes: Sequence[HyperNode]) -> tuple[str, ...]:

@@ -1,29 +1,42 @@
-"""One execution path for sync and async callers.
+"""One execution path for sync and async callers, and one event loop per process.
 
 Every executor is written once, as a coroutine. A coroutine that awaits nothing that
 suspends (a graph of sync nodes) is driven by a single ``send(None)``: no event loop, no
-per-call overhead. Anything else runs on a per-thread event loop, or on a helper thread
-when the caller is itself inside a running loop (Jupyter, async web handlers).
+per-call overhead. Anything else runs on **the process loop**: one event loop per process,
+running in a daemon thread (``hypernodes-loop``) and started on first use. Every async node
+call of the process runs there, whoever asks (successive ``map()``s, Dask threads, Daft's
+async UDFs, a ``map()`` inside a running loop as in Jupyter, ``arun()``), so a loop-bound
+client (an ``httpx``/``openai`` async client, an ``aiohttp`` session) built once is valid
+for every later call. A forked child starts its own loop on first use.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
+import contextvars
+import os
 import threading
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Awaitable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["run_sync"]
+__all__ = ["run_sync", "on_process_loop", "process_loop", "in_process_loop", "call_on_loop"]
 
 T = TypeVar("T")
-_local = threading.local()
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
 
 
 def run_sync(coro: Coroutine[Any, Any, T], needs_loop: bool = True) -> T:
-    """Run ``coro`` to completion from synchronous code and return its result."""
+    """Run ``coro`` to completion from synchronous code and return its result.
+
+    ``needs_loop=False``: the caller knows ``coro`` never suspends (driven without a loop).
+    Otherwise it runs on the process loop and this thread waits; Ctrl-C cancels it and
+    waits for it to unwind (executors flush finished work to the cache there), then raises
+    ``KeyboardInterrupt``. Called from the process loop's own thread (a sync node running
+    a graph), it cannot wait on its own loop: ``coro`` then runs on a helper thread's loop.
+    """
     if not needs_loop:
         try:
             coro.send(None)
@@ -33,67 +46,121 @@ def run_sync(coro: Coroutine[Any, Any, T], needs_loop: bool = True) -> T:
         raise RuntimeError(
             "internal error: a coroutine planned as loop-free suspended; please report it"
         )
+    if in_process_loop():
+        with ThreadPoolExecutor(1, thread_name_prefix="hypernodes-sync") as pool:
+            return pool.submit(asyncio.run, coro).result()
+    handle = _submit(coro)
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _run_on(_thread_loop(), coro)
-    with ThreadPoolExecutor(1, thread_name_prefix="hypernodes-sync") as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def _run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on ``loop``; on Ctrl-C (or any escape) cancel it and let it unwind, so
-    its ``finally`` blocks run (executors flush finished work to the cache there)."""
-    task = loop.create_task(coro)
-    with _sigint_cancels(loop, task) as interrupted:
+        return handle.future.result()
+    except KeyboardInterrupt:
+        handle.cancel()  # the task is cancelled on the loop and unwinds
         try:
-            return loop.run_until_complete(task)
-        except asyncio.CancelledError:
-            if interrupted:
-                raise KeyboardInterrupt from None
-            raise
-        except BaseException:
-            if not task.done():
-                task.cancel()
-                try:
-                    loop.run_until_complete(task)
-                except BaseException:  # noqa: S110 - the original exception is what matters
-                    pass
-            raise
+            handle.future.result()
+        except BaseException:  # noqa: S110 - the interrupt is what matters
+            pass
+        raise
 
 
-@contextmanager
-def _sigint_cancels(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> Iterator[list[int]]:
-    """In the main thread, Ctrl-C cancels ``task`` (which then unwinds) instead of raising
-    ``KeyboardInterrupt`` wherever the loop happens to be: raised inside the loop's own
-    bookkeeping, it can lose a task's wake-up and leave the unwinding hanging (this is
-    what ``asyncio.run`` does too). A second Ctrl-C raises at once. The list it yields is
-    non-empty once Ctrl-C was pressed."""
-    hits: list[int] = []
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield hits
-        return
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        hits.append(signum)
-        if len(hits) == 1 and not task.done():
-            task.cancel()
-            loop.call_soon_threadsafe(lambda: None)  # wake a loop blocked in select()
-            return
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
+async def on_process_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on the process loop from any event loop (``arun()`` from a user's
+    loop, Daft's async UDFs); cancelling the caller cancels it there."""
+    if in_process_loop():
+        return await coro
+    handle = _submit(coro)
     try:
-        yield hits
-    finally:
-        if signal.getsignal(signal.SIGINT) is on_sigint:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return await asyncio.wrap_future(handle.future)
+    except asyncio.CancelledError:
+        handle.cancel()
+        raise
 
 
-def _thread_loop() -> asyncio.AbstractEventLoop:
-    loop = getattr(_local, "loop", None)
-    if loop is None or loop.is_closed():
-        loop = asyncio.new_event_loop()
-        _local.loop = loop
-    return loop
+def process_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop (started on first use, in a daemon thread)."""
+    global _loop, _thread
+    loop = _loop
+    if loop is not None and not loop.is_closed():
+        return loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            ready = threading.Event()
+            _loop = asyncio.new_event_loop()
+            _thread = threading.Thread(target=_serve, args=(_loop, ready), daemon=True,
+                                       name="hypernodes-loop")
+            _thread.start()
+            ready.wait()
+        return _loop
+
+
+def in_process_loop() -> bool:
+    """Whether the caller runs on the process loop's thread."""
+    return _thread is not None and threading.current_thread() is _thread
+
+
+def call_on_loop(awaitable: Awaitable[T], timeout: float | None = None) -> T:
+    """Wait (from another thread) for ``awaitable`` run on the process loop."""
+    async def wrap() -> T:
+        return await awaitable
+
+    return _submit(wrap()).future.result(timeout)
+
+
+class _Handle:
+    """A coroutine scheduled on the process loop: its ``future`` and a way to cancel it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: Future[Any] = Future()
+        self.task: asyncio.Task[Any] | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        self.cancelled = True
+        if self.task is not None:
+            self.task.cancel()
+
+
+def _submit(coro: Coroutine[Any, Any, Any]) -> _Handle:
+    """Schedule ``coro`` on the process loop in a copy of the caller's context (context
+    variables such as the parent run of nested graphs travel with it)."""
+    handle = _Handle(process_loop())
+    ctx = contextvars.copy_context()
+
+    def start() -> None:
+        if handle.cancelled or not handle.future.set_running_or_notify_cancel():
+            coro.close()
+            handle.future.cancel()
+            return
+        handle.task = ctx.run(handle.loop.create_task, coro)
+        handle.task.add_done_callback(lambda t: _settle(handle.future, t))
+
+    handle.loop.call_soon_threadsafe(start)
+    return handle
+
+
+def _settle(future: Future[Any], task: asyncio.Task[Any]) -> None:
+    if future.done():
+        return
+    if task.cancelled():
+        future.set_exception(asyncio.CancelledError())
+    elif task.exception() is not None:
+        future.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        future.set_result(task.result())
+
+
+def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
+    asyncio.set_event_loop(loop)
+    loop.call_soon(ready.set)
+    loop.run_forever()
+
+
+def _forget_after_fork() -> None:
+    global _loop, _thread, _lock
+    _loop, _thread, _lock = None, None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

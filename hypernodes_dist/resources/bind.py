@@ -1,0 +1,181 @@
+"""Binding resources into nodes, once, when a plan is compiled.
+
+A node that takes resources becomes a copy whose function fetches them from the
+per-process registry at each call (a dictionary look-up once built) and calls the
+original with them. Its parameters lose the resource names (they are not graph inputs,
+never hashed, never in events) and gain the inputs its resources read (broadcast values
+such as a base URL, which then count in its cache key); its code identity adds each
+resource's (``salt``). Every executor and engine calls the bound node as any other.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from hypernodes_dist.cache.codeid import hash_code
+from hypernodes_dist.cache.hashing import combine, hash_value
+from hypernodes_dist.errors import GraphBuildError
+from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.resources import registry
+from hypernodes_dist.resources.declare import Resource
+
+__all__ = ["split_resources", "bind_resources", "resource_identities"]
+
+
+def split_resources(items: Iterable[Any]) -> tuple[list[HyperNode], dict[str, Resource]]:
+    """A graph's node list as its nodes and its resources (by name)."""
+    nodes: list[HyperNode] = []
+    resources: dict[str, Resource] = {}
+    for item in items:
+        if isinstance(item, Resource):
+            if item.name in resources:
+                raise GraphBuildError(f"two resources are named {item.name!r}")
+            resources[item.name] = item
+        else:
+            nodes.append(item)
+    return nodes, resources
+
+
+def resource_identities(resources: Mapping[str, Resource]) -> dict[str, str]:
+    """Each resource's code identity (its function or ``version=``, and those of the
+    resources it takes); rejects resources that take each other in a cycle."""
+    found: dict[str, str] = {}
+
+    def identity(name: str, path: tuple[str, ...]) -> str:
+        if name in path:
+            raise GraphBuildError(f"resources take each other in a cycle: {' -> '.join(path + (name,))}")
+        if name not in found:
+            res = resources[name]
+            takes = [identity(p, path + (name,)) for p in res.params if p in resources]
+            found[name] = combine("hn-resource", hash_code(res.func, res.version), *takes)
+        return found[name]
+
+    for name in resources:
+        identity(name, ())
+    return found
+
+
+def bind_resources(nodes: Sequence[HyperNode], resources: Mapping[str, Resource]) -> list[HyperNode]:
+    """``nodes`` with every node that takes a resource bound to it (see the module doc)."""
+    if not resources:
+        return list(nodes)
+    produced = {o: n.name for n in nodes for o in n.outputs}
+    clash = sorted(r for r in resources if r in produced)
+    if clash:
+        raise GraphBuildError("; ".join(
+            f"resource {r!r} has the name of an output of node {produced[r]!r}" for r in clash))
+    idents = resource_identities(resources)
+    return [_bound(n, resources, idents) if any(p in resources for p in n.params) else n
+            for n in nodes]
+
+
+def _needed(names: Iterable[str], resources: Mapping[str, Resource]) -> list[Resource]:
+    """The resources ``names`` take, with those they take, dependencies first."""
+    out: dict[str, Resource] = {}
+
+    def visit(name: str) -> None:
+        res = resources[name]
+        for p in res.params:
+            if p in resources:
+                visit(p)
+        out.setdefault(name, res)
+
+    for name in names:
+        if name in resources:
+            visit(name)
+    return list(out.values())
+
+
+def _bound(node: HyperNode, resources: Mapping[str, Resource], idents: Mapping[str, str]) -> HyperNode:
+    direct = [p for p in node.params if p in resources]
+    needed = _needed(direct, resources)
+    hidden = {p: r.defaults.get(p) for r in needed for p in r.params
+              if p not in resources and p not in node.params}
+    has_default = {p for r in needed for p in r.params if p in r.defaults}
+    bound = copy.copy(node)
+    bound.params = tuple(p for p in node.params if p not in resources) + tuple(hidden)
+    bound.defaults = {**node.defaults, **{p: v for p, v in hidden.items() if p in has_default}}
+    bound.salt = node.salt + tuple(f"{p}={idents[p]}" for p in direct)
+    bound.code = node.code
+    bound.resources = tuple(direct)
+    bound.func = _caller(node, direct, needed, tuple(hidden), idents)
+    return bound
+
+
+def _caller(node: HyperNode, direct: list[str], needed: list[Resource], hidden: tuple[str, ...],
+            idents: Mapping[str, str]) -> Callable[..., Any]:
+    """The bound node's function: fetch the resources, call the original with them."""
+    func = node.func
+    assert func is not None
+    fetch = _Fetch(needed, idents)
+
+    def take(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Every value given (what resources read); the hidden inputs leave ``kwargs``."""
+        values = dict(kwargs)
+        for p in hidden:
+            del kwargs[p]
+        return values
+
+    if node.is_async and node.is_generator:
+        async def call(**kwargs: Any) -> Any:
+            values = take(kwargs)
+            built = await fetch.aget(values)
+            async for chunk in func(**kwargs, **{p: built[p] for p in direct}):
+                yield chunk
+    elif node.is_async:
+        async def call(**kwargs: Any) -> Any:  # type: ignore[misc]
+            built = await fetch.aget(take(kwargs))
+            return await func(**kwargs, **{p: built[p] for p in direct})
+    elif node.is_generator:
+        def call(**kwargs: Any) -> Any:  # type: ignore[misc]
+            built = fetch.get(take(kwargs))
+            yield from func(**kwargs, **{p: built[p] for p in direct})
+    else:
+        def call(**kwargs: Any) -> Any:  # type: ignore[misc]
+            built = fetch.get(take(kwargs))
+            return func(**kwargs, **{p: built[p] for p in direct})
+    functools.update_wrapper(call, func)
+    del call.__wrapped__  # type: ignore[attr-defined]  # the bound signature is **kwargs
+    return call
+
+
+class _Fetch:
+    """Fetches a node's resources (dependencies first) from this process's registry."""
+
+    def __init__(self, needed: list[Resource], idents: Mapping[str, str]) -> None:
+        self.needed = [(r, idents[r.name]) for r in needed]
+        self.digests: dict[str, tuple[tuple[Any, ...], str]] = {}  # the last inputs' digest
+
+    def _inputs(self, res: Resource, values: Mapping[str, Any],
+                built: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+        inputs = {p: built[p] if p in built else values.get(p, res.defaults.get(p))
+                  for p in res.params}
+        plain = tuple(v for p, v in inputs.items() if p not in built)
+        if not plain:
+            return inputs, ""
+        last = self.digests.get(res.name)
+        if last is not None and len(last[0]) == len(plain) and all(
+                a is b for a, b in zip(last[0], plain)):
+            return inputs, last[1]
+        digest = hash_value(plain)
+        self.digests[res.name] = (plain, digest)
+        return inputs, digest
+
+    def get(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        built: dict[str, Any] = {}
+        reg = registry.REGISTRY
+        for res, ident in self.needed:
+            inputs, digest = self._inputs(res, values, built)
+            built[res.name] = reg.get(res, ident, digest, inputs)
+        return built
+
+    async def aget(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        built: dict[str, Any] = {}
+        reg = registry.REGISTRY
+        for res, ident in self.needed:
+            inputs, digest = self._inputs(res, values, built)
+            built[res.name] = await reg.aget(res, ident, digest, inputs)
+        return built
