@@ -8,7 +8,7 @@ from typing import Any
 from hypernodes_dist.engines import resolve
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.runstate import RunState
-from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.execution.syncio import on_process_loop, run_sync
 from hypernodes_dist.inputs import (
     check_inputs,
     check_on_error,
@@ -109,13 +109,15 @@ class Graph:
         on_error: str = "raise",
     ) -> GraphResult:
         """Run the graph once and return its ``GraphResult`` (sync and async nodes alike)."""
-        needs_loop = (
-            self.plan.is_async or self.engine.parallel_nodes or bool(self.plan.interrupts)
-        )
         return run_sync(
             self.arun(inputs, session_id, checkpoint, resume, handlers, select, on_error),
-            needs_loop=needs_loop,
+            needs_loop=self._needs_loop,
         )
+
+    @property
+    def _needs_loop(self) -> bool:
+        """Whether a run may suspend (async nodes, parallel waves, interrupt handlers)."""
+        return self.plan.is_async or self.engine.parallel_nodes or bool(self.plan.interrupts)
 
     async def arun(
         self,
@@ -127,8 +129,11 @@ class Graph:
         select: Iterable[str] | None = None,
         on_error: str = "raise",
     ) -> GraphResult:
-        """The async twin of ``run``."""
+        """The async twin of ``run``. Its async calls run on the process loop (one loop per
+        process, ``execution.syncio``), whichever loop awaits it."""
         run = self._prepare(inputs, session_id, checkpoint, resume, handlers, select, on_error)
+        if self._needs_loop:
+            return await on_process_loop(run.execute())
         return await run.execute()
 
     # ------------------------------------------------------------------ iter

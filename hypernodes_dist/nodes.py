@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar
@@ -84,7 +85,7 @@ class HyperNode:
         self.params = tuple(params)
         self.defaults = dict(defaults)
         self.outputs = tuple(outputs)
-        self.func = func
+        self.func = _by_reference(func)
         self.code = func  # whose code is the node's identity (``resources.bind`` keeps it)
         self.salt: tuple[str, ...] = ()  # more identity: the resources it receives
         self.resources: tuple[str, ...] = ()  # parameters bound to resources
@@ -120,6 +121,20 @@ class HyperNode:
     def __repr__(self) -> str:
         outs = ", ".join(self.outputs)
         return f"{type(self).__name__}({self.name!r}, params={list(self.params)}, outputs=[{outs}])"
+
+
+def _by_reference(func: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """Let a module-level node function pickle by reference. ``@node`` puts the node, not
+    the function, under the function's name in its module, so pickle (and cloudpickle)
+    could not find the function there and shipped it by value, with every global it reads
+    (a module-level client: unpicklable, or a copy per task). Its qualified name becomes
+    ``name.func``, which resolves to the function through the node: worker processes import
+    the module and use its own globals. Anything else (``__main__``, closures) is unchanged
+    and still pickles by value."""
+    if (isinstance(func, types.FunctionType) and func.__module__ not in (None, "__main__")
+            and func.__qualname__ == func.__name__):
+        func.__qualname__ = f"{func.__name__}.func"
+    return func
 
 
 class FunctionNode(HyperNode):

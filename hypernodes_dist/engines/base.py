@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.job import MapJob, Sink
+from hypernodes_dist.resources import release_resources
 
 __all__ = ["Engine"]
 
@@ -57,7 +58,9 @@ class Engine:
         whose workers run on this machine have nothing to check."""
 
     def close(self) -> None:
-        """Release what the engine started (clusters, pools). Idempotent."""
+        """Release what the engine started (clusters, pools) and tear down the resources
+        (``@resource``) this process built. Idempotent; subclasses call ``super().close()``."""
+        release_resources()
 
     def __enter__(self) -> Engine:
         return self

@@ -62,10 +62,7 @@ def unpicklable(plan: Plan, broadcast: Mapping[str, Any], where: str) -> Unpickl
         try:
             cloudpickle.dumps(node)
         except Exception as exc:
-            return UnpicklableError(
-                f"node {node.name!r} cannot be sent to {where}: it does not pickle "
-                f"({type(exc).__name__}: {exc}); define it at module level, and create locks, "
-                "sockets, clients or open files inside the function instead of capturing them")
+            return _node_error(node, where, exc)
     for name, value in broadcast.items():
         try:
             cloudpickle.dumps(value)
@@ -75,6 +72,56 @@ def unpicklable(plan: Plan, broadcast: Mapping[str, Any], where: str) -> Unpickl
                 f"({type(exc).__name__}: {exc}); pass something that pickles (a path, a URL, "
                 "settings) and open the resource inside the node")
     return None
+
+
+def _node_error(node: Any, where: str, exc: Exception) -> UnpicklableError:
+    """The error for a node that does not pickle: the global or captured value at fault,
+    and the way out (a ``@resource``, built in each worker, never shipped)."""
+    culprit = unshippable_global(node.code)
+    fix = ("make it a @resource instead (a function that builds it, put in the graph's node "
+           "list; the node takes it by a parameter of the same name): it is then built once "
+           "in each worker process and never shipped")
+    if culprit is not None:
+        name, value = culprit
+        return UnpicklableError(
+            f"node {node.name!r} reads {name!r} ({type(value).__name__}), which cannot be sent "
+            f"to {where} ({type(exc).__name__}: {exc}); {fix}")
+    return UnpicklableError(
+        f"node {node.name!r} cannot be sent to {where}: it does not pickle "
+        f"({type(exc).__name__}: {exc}); define it at module level, and if it holds a client, "
+        f"connection or model, {fix}")
+
+
+def unshippable_global(func: Any) -> tuple[str, Any] | None:
+    """The first global or captured value ``func`` reads that does not pickle, if any."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return None
+    seen: dict[str, Any] = {}
+    globs = getattr(func, "__globals__", {})
+    for name in _names(code):
+        if name in globs:
+            seen[name] = globs[name]
+    for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
+        try:
+            seen[name] = cell.cell_contents
+        except ValueError:
+            continue
+    for name, value in seen.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception:
+            return name, value
+    return None
+
+
+def _names(code: Any) -> list[str]:
+    """Global names a code object (and the code nested in it) reads."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names.extend(_names(const))
+    return names
 
 
 def check_picklable(value: Any, what: str, where: str) -> None:

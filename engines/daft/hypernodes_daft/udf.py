@@ -33,6 +33,7 @@ from hypernodes_dist.errors import portable
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.batch import run_batch as run_batch_async
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
+from hypernodes_dist.execution.syncio import on_process_loop
 from hypernodes_dist.plan import Plan
 
 __all__ = ["Failure", "make_udf", "receive", "close"]
@@ -88,14 +89,16 @@ def make_udf(
 
     async def flow_batch(rows: Series, *columns: Series) -> pa.Array:
         """Plans whose items flow, on the native runner: batches are coroutines of Daft's
-        loop, several at once, so one ending with its slowest item holds back none."""
+        loop, several at once, so one ending with its slowest item holds back none; their
+        calls run on the process loop (where every async call of a process runs)."""
         todo = start(rows, columns)
         if todo is None:
             return pa.nulls(len(rows), pa.large_binary())
         n, chunks = todo
         try:
             outcome: list[BatchResult] | Failure = [
-                await run_batch_async(plan, chunk, settings) for chunk in chunks]
+                await on_process_loop(run_batch_async(plan, chunk, settings))
+                for chunk in chunks]
         except Exception as exc:
             outcome = Failure(exc)
         return cells(n, outcome)

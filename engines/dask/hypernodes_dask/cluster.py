@@ -18,9 +18,20 @@ from typing import Any
 
 from hypernodes_dist.engines.kit import flow_tasks
 
+from hypernodes_dist.resources import release_resources
+
 from .mainguard import check_main
 
 __all__ = ["ClientHandle", "ProcessPool"]
+
+
+def release_on_workers(client: Any) -> None:
+    """Every worker tears down the resources it built (``@resource``); a worker that is
+    gone or does not answer within 60 s is skipped (its process end tears them down)."""
+    try:
+        client.run(release_resources, wait=True, on_error="ignore")
+    except Exception:  # noqa: S110 - closing never fails on a lost worker
+        pass
 
 
 class ClientHandle:
@@ -77,8 +88,11 @@ class ClientHandle:
         return self._client is not None
 
     def close(self) -> None:
+        """Tear down the resources the workers built, then close what this handle started."""
         with self._lock:
             client, cluster = self._client, self._cluster
+            if client is not None:
+                release_on_workers(client)
             if self._owns_client:
                 self._client, self._cluster = None, None
                 if client is not None:

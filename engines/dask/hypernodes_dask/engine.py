@@ -129,6 +129,7 @@ class DaskEngine(Engine):
         if tasks_per_worker < 1 or max_partition_size < 1:
             raise ValueError("tasks_per_worker and max_partition_size must be >= 1")
         self.scheduler = scheduler
+        self.address = address  # the scheduler address it was given (None: none given)
         self.partition_size = partition_size
         self.num_workers = num_workers
         self.tasks_per_worker = tasks_per_worker
@@ -176,14 +177,17 @@ class DaskEngine(Engine):
         return max(self.num_workers or 1, flow_tasks(self.num_workers or _cpu_count(), size))
 
     def close(self) -> None:
+        """Workers tear their resources down; what the engine started stops."""
         if self._cluster is not None:
             self._cluster.close()
         if self._processes is not None:
             self._processes.close()
+        super().close()
 
     def __repr__(self) -> str:
-        return (f"DaskEngine(scheduler={self.scheduler!r}, partition_size={self.partition_size}, "
-                f"num_workers={self.num_workers})")
+        address = f"address={self.address!r}, " if self.address is not None else ""
+        return (f"DaskEngine({address}scheduler={self.scheduler!r}, "
+                f"partition_size={self.partition_size}, num_workers={self.num_workers})")
 
     # ------------------------------------------------------------------ datasets
     def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
