@@ -17,7 +17,6 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from hypernodes_dist.engines.kit import flow_tasks
-
 from hypernodes_dist.resources import release_resources
 
 from .mainguard import check_main
