@@ -20,6 +20,7 @@ from hypernodes_dist.cache.hashing import UnhashableValueError
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, scope_token
 from hypernodes_dist.errors import annotate, portable
 from hypernodes_dist.events import BatchEvent, Event, NodeColumns, NodeErrorEvent
+from hypernodes_dist.execution.cacheview import CacheView
 from hypernodes_dist.execution.calls import Clock, ColumnCalls, Persist
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.invoke import split_outputs
@@ -88,6 +89,7 @@ class Columnar(ColumnCalls):
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
         self.writes = writes  # the caller flushes it (``keys.batch_writes``)
+        self.view = CacheView(self.cache, writes)
         self.started = time.time()
         self.clock = time.time() - time.perf_counter()
 
@@ -210,13 +212,7 @@ class Columnar(ColumnCalls):
             wanted = node_keys[items.start:items.stop]
         else:
             wanted = [node_keys[i] for i in items]
-        pending = self.writes.pending(node.name) if self.writes is not None else None
-        # finished by an earlier batch of this caller, not flushed yet (none: C speed)
-        if pending and not pending.keys().isdisjoint(wanted):
-            found = {k: pending[k] for k in wanted if k in pending}
-            found.update(self.cache.get_many([k for k in wanted if k not in found], node.name))
-        else:
-            found = self.cache.get_many(wanted, node.name)
+        found = self.view.fetch(node.name, wanted)  # pending writes of this caller, then store
         if not found:  # a cold batch: no Python work per item
             return {}
         return {i: found[k] for i, k in zip(items, wanted) if k in found}

@@ -57,7 +57,7 @@ class ItemFlow(Columnar):
                           if p in plan.producers and p not in n.defaults) for n in plan.nodes
         }
         self.token = None
-        self.running: dict[str, asyncio.Future[Any]] = {}  # keys in flight (duplicates wait)
+        self.view.running = {}  # keys in flight: identical items wait for the first
         if self.keys is not None:
             self.token = scope_token(self.keys.scope, settings.session_id, "")
             if plan.static:
@@ -101,19 +101,19 @@ class ItemFlow(Columnar):
         if self.keys is not None and self.keys.cacheable(node):
             key = self._key_of(node, i)
             value = self._cached(node, i, key)
-            if value is MISSING and key in self.running:  # an identical item computes it
-                value = await self.running[key]
+            if value is MISSING:  # an identical item may be computing it
+                value = await self.view.in_flight(key)
             if value is not MISSING:
                 self._put(node, i, value, HIT)
                 return
-        shared = key if node.kind == "function" and node.outputs else None  # not decisions
-        if shared is not None:
-            self.running[shared] = asyncio.get_running_loop().create_future()
+        shared = key is not None and node.kind == "function" and bool(node.outputs)
+        if shared:  # not decisions
+            self.view.begin(key)  # type: ignore[arg-type]
         try:
             await self._compute(node, i, key)
         finally:
-            if shared is not None:
-                self.running.pop(shared).set_result(self._value_of(node, i))
+            if shared:
+                self.view.end(key, self._value_of(node, i))  # type: ignore[arg-type]
 
     def _value_of(self, node: HyperNode, i: int) -> Any:
         """What item ``i``'s execution of ``node`` produced (``MISSING``: it failed)."""
@@ -138,8 +138,8 @@ class ItemFlow(Columnar):
                 PARENT.reset(nested)
         self.last = (t0, time.perf_counter())
         self._timed(node.name, i, *self.last)
-        if key is not None and self.writes is not None:
-            self.writes.add(key, value, node.name)
+        if key is not None:
+            self.view.write(node.name, key, value)
         self._put(node, i, value, RAN)
 
     def _put(self, node: HyperNode, i: int, value: Any, code: int) -> None:
@@ -226,12 +226,9 @@ class ItemFlow(Columnar):
                 return value
         if not key:
             return MISSING
-        pending = self.writes.pending(node.name) if self.writes is not None else None
-        if pending and key in pending:  # an identical item of this batch finished it
-            return pending[key]
         if found is not None:  # the cache was read for the whole batch already
-            return MISSING
-        return self.cache.get_many([key], node.name).get(key, MISSING)
+            return self.view.pending(node.name, key)  # an identical item finished it
+        return self.view.get(node.name, key)
 
     # -- events ----------------------------------------------------------------
     def _node_columns(self, node: HyperNode, items: Any, code: int) -> None:

@@ -38,6 +38,7 @@ from hypernodes_dist.events import (
     StreamingEndEvent,
     StreamingStartEvent,
 )
+from hypernodes_dist.execution.cacheview import CacheView
 from hypernodes_dist.execution.context import PARENT, Parent, worker_id
 from hypernodes_dist.execution.guard import Attempts, guarded_call
 from hypernodes_dist.execution.invoke import call_node, split_outputs
@@ -63,6 +64,7 @@ class Scheduler:
         )
         self._pool: ThreadPoolExecutor | None = None
         self._started = False
+        self.view = CacheView(ctx.keys.cache if ctx.keys else None, ctx.writes, ctx.running)
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> None:
@@ -204,41 +206,27 @@ class Scheduler:
 
     async def _cached(self, name: str, key: str) -> Any:
         """The cached value of ``key`` (``MISSING``: compute it): in the cache, among the
-        batch's unflushed writes, or computed right now by another item of the batch."""
-        writes = self.ctx.writes
-        pending = writes.pending(name) if writes is not None else None
-        if pending and key in pending:
-            return pending[key]
-        hit = self.ctx.keys.cache.get_many([key], name)  # type: ignore[union-attr]
-        if key in hit:
-            return hit[key]
-        running = self.ctx.running
-        if running is not None and key in running:
-            return await running[key]  # MISSING when that call failed: compute it here
-        return MISSING
+        batch's unflushed writes, or computed right now by another item of the batch (its
+        ``MISSING`` when that call failed: compute it here)."""
+        value = self.view.get(name, key)
+        if value is MISSING:
+            value = await self.view.in_flight(key)
+        return value
 
     async def _compute(self, node: HyperNode, kwargs: dict[str, Any], step: int,
                        key: str | None, timing: Attempts | None) -> Any:
-        running = self.ctx.running if key is not None else None
-        if running is None:
+        view = self.view
+        if key is None or not view.begin(key):
             value = await self._call(node, kwargs, step, timing)
         else:  # identical items of one batch in flight together: the others wait for this one
-            done = running[key] = asyncio.get_running_loop().create_future()  # type: ignore[index]
             value = MISSING
             try:
                 value = await self._call(node, kwargs, step, timing)
             finally:
-                done.set_result(value)
-                running.pop(key, None)  # type: ignore[arg-type]
+                view.end(key, value)
         if key is not None:
-            self._write(node.name, key, value)
+            view.write(node.name, key, value)
         return value
-
-    def _write(self, name: str, key: str, value: Any) -> None:
-        if self.ctx.writes is not None:  # a map batch: written together, flushed in time
-            self.ctx.writes.add(key, value, name)
-        else:
-            self.ctx.keys.cache.set_many({key: value}, name)  # type: ignore[union-attr]
 
     def _key(self, node: HyperNode) -> str | None:
         keys = self.ctx.keys
