@@ -15,6 +15,14 @@ per batch costs one insert per node and batch, whatever the batch size.
 * **Visibility.** ``prepare()`` writes ``<path>/hn-marker`` once (atomically: a temporary file
   hard-linked into place); a worker whose ``<path>`` holds no such marker -- another machine,
   or a relative path under another working directory -- raises ``CacheNotVisibleError``.
+* **Size limit.** ``size_limit`` bounds the bytes of the stored segments (data and index):
+  every ``put`` is one ``BEGIN IMMEDIATE`` transaction that reads the running total (kept by
+  triggers in ``hn_total``), deletes the least recently used segments (``used``: the time of
+  the write or of the last batched ``touch``) until the new one fits with a tenth of the limit
+  spare, and inserts it, so the limit holds at every commit whatever the number of writing
+  processes. Freed pages are reused by the next writes; ``prune`` also gives them back to the
+  file system (incremental vacuum) and truncates the WAL, which is kept under an eighth of the
+  limit. The file on disk exceeds the limit only by SQLite's page slack.
 * **Limits.** One segment is at most ~64 MiB; a single value must stay under SQLite's 1 GB
   blob limit (larger ones are not cached, with a warning).
 """
@@ -27,43 +35,62 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from hypernodes_dist.cache.segcache import SegmentCache
-from hypernodes_dist.cache.segments import Packed
+from hypernodes_dist.cache.segments import Packed, SegmentIndex
+from hypernodes_dist.cache.store import FoundIndex, Group, Pruned, Stored, Usage
 
 __all__ = ["DiskCache"]
 
 DB_NAME = "hn-cache.db"
 MARKER = "hn-marker"
-_SCHEMA = (
+_TABLE = (
     "CREATE TABLE IF NOT EXISTS hn_segments(id INTEGER PRIMARY KEY AUTOINCREMENT, "
     "scope TEXT NOT NULL, node TEXT NOT NULL, entries INTEGER NOT NULL, nbytes INTEGER NOT NULL, "
-    "idx BLOB NOT NULL, data BLOB NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS hn_segments_node ON hn_segments(scope, node, id)",
+    "idx BLOB NOT NULL, data BLOB NOT NULL, used REAL NOT NULL DEFAULT 0)"
 )
+_SCHEMA = (  # after the table (and its ``used`` column in a database made before it)
+    "CREATE INDEX IF NOT EXISTS hn_segments_node ON hn_segments(scope, node, id)",
+    "CREATE INDEX IF NOT EXISTS hn_segments_used ON hn_segments(used, id)",
+    "CREATE TABLE IF NOT EXISTS hn_total(id INTEGER PRIMARY KEY CHECK (id = 0), "
+    "nbytes INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO hn_total SELECT 0, COALESCE(SUM(nbytes), 0) FROM hn_segments",
+    "CREATE TRIGGER IF NOT EXISTS hn_segments_add AFTER INSERT ON hn_segments BEGIN "
+    "UPDATE hn_total SET nbytes = nbytes + new.nbytes WHERE id = 0; END",
+    "CREATE TRIGGER IF NOT EXISTS hn_segments_del AFTER DELETE ON hn_segments BEGIN "
+    "UPDATE hn_total SET nbytes = nbytes - old.nbytes WHERE id = 0; END",
+)
+_PAGE = 65536
+_CHUNK = 500  # ids per ``IN (...)`` query
 
 
 class DiskCache(SegmentCache):
     """Content-hashed store of node results in one directory of this machine.
 
-    ``timeout`` is SQLite's busy timeout in seconds. See the module docstring for the layout
-    and ``hypernodes_dist.cache.base`` for the guarantees every cache gives.
+    ``size_limit`` (bytes, or a string such as ``"10GB"``; ``None``: unbounded) keeps the
+    stored segments under it by evicting the least recently used ones (an evicted entry is a
+    miss: its node runs again). ``timeout`` is SQLite's busy timeout in seconds. See the
+    module docstring for the layout and ``hypernodes_dist.cache.base`` for the guarantees every
+    cache gives.
     """
 
     _errors = (OSError, sqlite3.Error)
 
     def __init__(self, path: str | os.PathLike = ".cache", scope: str = "global",
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, size_limit: int | str | None = None) -> None:
         self.path: str = os.fspath(path)
         self.timeout = float(timeout)
-        super().__init__(scope)
+        super().__init__(scope, size_limit)
 
     def __repr__(self) -> str:
-        return f"DiskCache(path={self.path!r}, scope={self.scope!r})"
+        limit = "" if self.size_limit is None else f", size_limit={self.size_limit}"
+        return f"DiskCache(path={self.path!r}, scope={self.scope!r}{limit})"
 
     def _config(self) -> dict[str, Any]:
-        return {"path": self.path, "scope": self.scope, "timeout": self.timeout}
+        return {"path": self.path, "scope": self.scope, "timeout": self.timeout,
+                "size_limit": self.size_limit}
 
     def _where(self) -> str:
         return f"DiskCache({self.path!r})"
@@ -75,17 +102,19 @@ class DiskCache(SegmentCache):
                 "directory every machine mounts, ObjectStoreCache('/shared/dir'), for a cluster")
 
     def _new_store(self, create: bool = True) -> _SQLiteStore:
-        return _SQLiteStore(self.path, self.timeout, create)
+        return _SQLiteStore(self.path, self.timeout, create, self.size_limit)
 
 
 class _SQLiteStore:
-    """Segments as rows of one SQLite table (see the module docstring)."""
+    """Segments as rows of one SQLite table (see the module docstring); a ``SegmentStore``."""
 
-    max_segment_bytes = 900_000_000  # SQLite's default blob limit is 1e9 bytes
+    max_segment_bytes: int | None = 900_000_000  # SQLite's default blob limit is 1e9 bytes
 
-    def __init__(self, path: str, timeout: float, create: bool) -> None:
+    def __init__(self, path: str, timeout: float, create: bool,
+                 size_limit: int | None = None) -> None:
         self.path = path
         self.timeout = timeout
+        self.size_limit = size_limit
         self._con: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         if create:
@@ -102,7 +131,7 @@ class _SQLiteStore:
                 con = sqlite3.connect(os.path.join(self.path, DB_NAME), timeout=self.timeout,
                                       isolation_level=None, check_same_thread=False)
                 try:
-                    _set_up(con)
+                    _set_up(con, self.size_limit)
                     break
                 except sqlite3.OperationalError as exc:
                     con.close()
@@ -113,21 +142,66 @@ class _SQLiteStore:
         return self._con
 
     # -- segments --------------------------------------------------------------------------
-    def put(self, scope: str, node: str, packed: Packed) -> tuple[int, int]:
+    def put(self, scope: str, node: str, packed: Packed) -> Stored:
+        """Insert one segment; with a size limit, evict first in the same transaction."""
+        row = (scope, node, len(packed.keys), packed.nbytes, packed.index, packed.data,
+               time.time())
+        insert = ("INSERT INTO hn_segments(scope, node, entries, nbytes, idx, data, used) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
         with self._lock:
-            cur = self._connect().execute(
-                "INSERT INTO hn_segments(scope, node, entries, nbytes, idx, data) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (scope, node, len(packed.keys), len(packed.index) + len(packed.data),
-                 packed.index, packed.data))
-            return int(cur.lastrowid), len(packed.data)  # type: ignore[arg-type]
+            con = self._connect()
+            if self.size_limit is None:
+                return Stored(int(con.execute(insert, row).lastrowid or 0), len(packed.data))
+            evicted = Pruned()
+            with _transaction(con):
+                (total,) = con.execute("SELECT nbytes FROM hn_total WHERE id = 0").fetchone()
+                if total + packed.nbytes > self.size_limit:
+                    spare = self.size_limit // 10
+                    evicted = _evict_lru(con, total, self.size_limit - spare - packed.nbytes)
+                ref = int(con.execute(insert, row).lastrowid or 0)
+            if evicted.segments or self._wal_bytes() > max(4 << 20, self.size_limit // 8):
+                _reset_wal(con)  # the WAL stays a small part of the limit
+            return Stored(ref, len(packed.data))
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(os.path.join(self.path, DB_NAME + "-wal"))
+        except OSError:
+            return 0
+
+    def touch(self, refs: Collection[int]) -> None:
+        """Record that the segments ``refs`` were just read (one short transaction)."""
+        ids, now = list(refs), time.time()
+        with self._lock:
+            con = self._connect()
+            with _transaction(con):
+                for start in range(0, len(ids), _CHUNK):
+                    chunk = ids[start:start + _CHUNK]
+                    con.execute(f"UPDATE hn_segments SET used = ? WHERE id IN "
+                                f"({','.join('?' * len(chunk))})", (now, *chunk))
+
+    def prune(self, older_than: float | None, max_bytes: int | None) -> Pruned:
+        """Delete by age, then by recency down to ``max_bytes``; give the space back."""
+        removed = Pruned()
+        with self._lock:
+            con = self._connect()
+            with _transaction(con):
+                if older_than is not None:
+                    removed += _delete_where(con, "used < ?", (time.time() - older_than,))
+                if max_bytes is not None:
+                    (total,) = con.execute("SELECT nbytes FROM hn_total WHERE id = 0").fetchone()
+                    removed += _evict_lru(con, total, max_bytes)
+            if removed.segments:
+                con.execute("PRAGMA incremental_vacuum").fetchall()  # one step per page
+                con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        return removed
 
     def version(self, scope: str, node: str | None) -> int:
         """Changes whenever another connection commits (``PRAGMA data_version``)."""
         with self._lock:
             return int(self._connect().execute("PRAGMA data_version").fetchone()[0])
 
-    def scan(self, scope: str, node: str | None, known: Any) -> list[tuple[int, int, bytes]]:
+    def scan(self, scope: str, node: str | None, known: SegmentIndex) -> list[FoundIndex]:
         """Indexes of the segments newer than the last scan (of this node, or of all)."""
         where, args = ("scope = ? AND id > ?", [scope]) if node is None else (
             "scope = ? AND node = ? AND id > ?", [scope, node])
@@ -141,11 +215,11 @@ class _SQLiteStore:
             known.cursor[node] = ids[-1]
             new = [i for i in ids if i not in known.known]
             out = []
-            for start in range(0, len(new), 500):
-                chunk = new[start:start + 500]
-                out += con.execute(
+            for start in range(0, len(new), _CHUNK):
+                chunk = new[start:start + _CHUNK]
+                out += map(FoundIndex._make, con.execute(
                     "SELECT id, length(data), idx FROM hn_segments WHERE id IN "
-                    f"({','.join('?' * len(chunk))})", chunk).fetchall()
+                    f"({','.join('?' * len(chunk))})", chunk))
             return out
 
     def read(self, ref: int, offset: int, length: int) -> bytes | None:
@@ -167,23 +241,18 @@ class _SQLiteStore:
         where, args = _filter(scope, node)
         with self._lock:
             con = self._connect()
-            con.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(con):
                 (count,) = con.execute(
                     f"SELECT COALESCE(SUM(entries), 0) FROM hn_segments {where}", args).fetchone()
                 con.execute(f"DELETE FROM hn_segments {where}", args)
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
         return int(count)
 
-    def usage(self) -> dict[tuple[str, str], list[int]]:
+    def usage(self) -> dict[Group, Usage]:
         with self._lock:
             rows = self._connect().execute(
                 "SELECT scope, node, SUM(entries), SUM(nbytes) FROM hn_segments GROUP BY scope, node"
             ).fetchall()
-        return {(scope, node): [int(n), int(b)] for scope, node, n, b in rows}
+        return {Group(scope, node): Usage(int(n), int(b)) for scope, node, n, b in rows}
 
     def size_bytes(self) -> int:
         total = 0
@@ -235,13 +304,80 @@ def _filter(scope: str | None, node: str | None) -> tuple[str, tuple[str, ...]]:
     return ("WHERE " + " AND ".join(parts) if parts else ""), tuple(args)
 
 
-def _set_up(con: sqlite3.Connection) -> None:
-    # 64 KiB pages (for a new database): segments are large blobs, and large pages write
-    # them ~8x faster than the default 4 KiB pages' overflow chains
-    con.execute("PRAGMA page_size=65536")
+class _transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any error) on an autocommit
+    connection: the write lock is taken at once, so the reads inside stay true."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.con.execute("BEGIN IMMEDIATE")
+        return self.con
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.con.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def _reset_wal(con: sqlite3.Connection, tries: int = 20) -> None:
+    """Checkpoint and truncate the WAL. Another process's checkpoint makes this one return
+    busy at once (no busy wait), and writers that keep checkpointing each other would let the
+    WAL grow without end: retry a few times, shortly."""
+    for _ in range(tries):
+        r = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if r[0] == 0:
+            return
+        time.sleep(random.uniform(0.001, 0.01))
+
+
+def _delete_where(con: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> Pruned:
+    found = con.execute(f"SELECT COUNT(*), COALESCE(SUM(entries), 0), COALESCE(SUM(nbytes), 0) "
+                        f"FROM hn_segments WHERE {where}", args).fetchone()
+    if found[0]:
+        con.execute(f"DELETE FROM hn_segments WHERE {where}", args)
+    return Pruned(*map(int, found))
+
+
+def _evict_lru(con: sqlite3.Connection, total: int, target: int) -> Pruned:
+    """Inside a write transaction: delete the least recently used segments until at most
+    ``target`` bytes remain (``total``: the bytes now)."""
+    removed = Pruned()
+    while total > target:
+        rows = con.execute("SELECT id, entries, nbytes FROM hn_segments ORDER BY used, id "
+                           "LIMIT 64").fetchall()
+        if not rows:
+            break
+        ids = []
+        for ref, entries, nbytes in rows:
+            ids.append(ref)
+            removed += Pruned(1, entries, nbytes)
+            total -= nbytes
+            if total <= target:
+                break
+        con.execute(f"DELETE FROM hn_segments WHERE id IN ({','.join('?' * len(ids))})", ids)
+    return removed
+
+
+def _set_up(con: sqlite3.Connection, size_limit: int | None) -> None:
+    # a new database: pages freed by eviction or pruning can go back to the file system, and
+    # 64 KiB pages (segments are large blobs: ~8x faster to write than 4 KiB overflow chains)
+    con.execute(f"PRAGMA page_size={_PAGE}")  # first: auto_vacuum would fix 4 KiB pages
+    con.execute("PRAGMA auto_vacuum=INCREMENTAL")
     if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # WAL persists in the file
-        con.execute("PRAGMA journal_mode=WAL")
+        # a switch that loses a race returns the old mode without an error, and that
+        # connection would then stay out of WAL (its checkpoints see no frames): retry
+        if con.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+            raise sqlite3.OperationalError("database is locked (switching to WAL)")
     con.execute("PRAGMA synchronous=NORMAL")
-    for statement in _SCHEMA:
-        con.execute(statement)
+    if size_limit is not None:  # the WAL stays a small part of the limit
+        con.execute("PRAGMA wal_autocheckpoint=0")  # ``put`` truncates it (see _reset_wal)
+        con.execute("PRAGMA journal_size_limit=0")
+    with _transaction(con):
+        con.execute(_TABLE)
+        columns = [row[1] for row in con.execute("PRAGMA table_info(hn_segments)")]
+        if "used" not in columns:  # a database made before recency: its segments count as new
+            con.execute("ALTER TABLE hn_segments ADD COLUMN used REAL NOT NULL DEFAULT 0")
+            con.execute("UPDATE hn_segments SET used = ?", (time.time(),))
+        for statement in _SCHEMA:
+            con.execute(statement)
 

@@ -10,6 +10,7 @@ Layout, under ``<url>/hncache-v1/``::
     <scope>/<node>/<time>-<writer>-<entries>.seg   the segment: blocks of pickled values
     <scope>/<node>/<time>-<writer>-<entries>.idx   its index (written last)
     marks/<token>                                   one per driver that ran a map
+    used/<time>-<writer>-<random>.log               segments read (``<time> <stem>`` lines)
 
 * **No shared mutable object.** Every write creates new, uniquely named objects (a random
   writer id in the name): writers on many machines never overwrite each other, and never need
@@ -23,6 +24,14 @@ Layout, under ``<url>/hncache-v1/``::
   per segment (or block) it needs. Another machine's writes are seen within ``refresh_seconds``.
 * **Checksums** are verified before unpickling; a bad segment or index is deleted and its
   entries recomputed. ``cache info`` counts entries from object names (no GET per object).
+* **Size limit.** Objects cannot be updated, so recency lives in small ``used/`` logs: a
+  reading process writes one (the segments it read) at most once per second. With
+  ``size_limit`` each writer lists the store before its first write and again once it wrote
+  an eighth of the room left at its last listing; when the segments take more than 90% of the
+  limit it deletes the least recently used (recency: the later of the write, from the name,
+  and the last use in the logs) down to 75%, and merges the logs it read into one. Many
+  machines need no lock: the store stays under the limit while fewer than eight writers fill
+  the room left at once (a listing per eighth of it keeps that true in practice).
 """
 
 from __future__ import annotations
@@ -30,34 +39,47 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import quote, unquote
 
+from hypernodes_dist.cache.objectlru import (
+    MERGE_AFTER,
+    USED,
+    Listing,
+    evict_to,
+    merge_logs,
+    read_logs,
+)
 from hypernodes_dist.cache.segcache import SegmentCache
-from hypernodes_dist.cache.segments import Packed
+from hypernodes_dist.cache.segments import Packed, SegmentIndex
+from hypernodes_dist.cache.store import FoundIndex, Group, Pruned, Stored, Usage
 
 __all__ = ["ObjectStoreCache"]
 
 LAYOUT = "hncache-v1"
+_HIGH, _LOW, _WRITERS = 0.9, 0.75, 8  # see "Size limit" above
 
 
 class ObjectStoreCache(SegmentCache):
     """Content-hashed store of node results on shared storage (see the module docstring)."""
 
     def __init__(self, url: str | os.PathLike, scope: str = "global", *,
-                 filesystem: Any = None, refresh_seconds: float | None = None) -> None:
+                 filesystem: Any = None, refresh_seconds: float | None = None,
+                 size_limit: int | str | None = None) -> None:
         self.url: str = os.fspath(url)
         self.filesystem = filesystem
         self._refresh_option = refresh_seconds
         self.refresh_seconds = 0.0 if refresh_seconds is None else float(refresh_seconds)
-        super().__init__(scope)
+        super().__init__(scope, size_limit)
 
     def __repr__(self) -> str:
-        return f"ObjectStoreCache({_display(self.url)!r}, scope={self.scope!r})"
+        limit = "" if self.size_limit is None else f", size_limit={self.size_limit}"
+        return f"ObjectStoreCache({_display(self.url)!r}, scope={self.scope!r}{limit})"
 
     def _config(self) -> dict[str, Any]:
         return {"url": self.url, "scope": self.scope, "filesystem": self.filesystem,
-                "refresh_seconds": self._refresh_option}
+                "refresh_seconds": self._refresh_option, "size_limit": self.size_limit}
 
     def _where(self) -> str:
         return f"ObjectStoreCache({_display(self.url)!r})"
@@ -69,24 +91,30 @@ class ObjectStoreCache(SegmentCache):
 
     def _new_store(self, create: bool = True) -> _FsStore:
         fs, root = _resolve(self.url, self.filesystem)
-        store = _FsStore(fs, f"{root.rstrip('/')}/{LAYOUT}")
+        store = _FsStore(fs, f"{root.rstrip('/')}/{LAYOUT}", self.size_limit)
         if self._refresh_option is None:  # listing a local directory is cheap; a bucket is not
             self.refresh_seconds = 0.0 if store.local else 1.0
         return store
 
 
 class _FsStore:
-    """Segments as objects of a ``pyarrow.fs`` filesystem (see the module docstring)."""
+    """Segments as objects of a ``pyarrow.fs`` filesystem (see the module docstring); a
+    ``SegmentStore``."""
 
-    def __init__(self, fs: Any, root: str) -> None:
+    max_segment_bytes: int | None = None
+
+    def __init__(self, fs: Any, root: str, size_limit: int | None = None) -> None:
         import pyarrow.fs as pafs
 
         self.fs = fs
         self.root = root
+        self.size_limit = size_limit
         self.local = isinstance(fs, pafs.LocalFileSystem) or _fsspec_local(fs)
         self._dirs: set[str] = set()
         self._paths: dict[tuple[str, str], str] = {}
         self._writer = uuid.uuid4().hex[:16]
+        self._budget = 0  # bytes this process writes before listing the store again
+        self._touches = 0
 
     def _dir(self, scope: str, node: str) -> str:
         found = self._paths.get((scope, node))
@@ -106,11 +134,67 @@ class _FsStore:
             self.fs.move(target, path)  # rename: the object appears complete or not at all
 
     # -- segments --------------------------------------------------------------------------
-    def put(self, scope: str, node: str, packed: Packed) -> tuple[str, int]:
+    def put(self, scope: str, node: str, packed: Packed) -> Stored:
+        if self.size_limit is not None:
+            self._budget -= packed.nbytes
+            if self._budget < 0:
+                self._enforce(packed.nbytes)
         stem = f"{self._dir(scope, node)}/{time.time_ns():016x}-{self._writer}-{len(packed.keys)}"
         self._write(f"{stem}.seg", packed.data)
         self._write(f"{stem}.idx", packed.index)
-        return stem, len(packed.data)
+        return Stored(stem, len(packed.data))
+
+    # -- size limit and recency ------------------------------------------------------------
+    def _listing(self) -> Listing:
+        """Every object under the root, with the recency of each segment."""
+        listing = Listing(self.root)
+        for info in self._list(self.root):
+            listing.add(info.path, info.size or 0, info.mtime_ns)
+        return listing
+
+    def _enforce(self, incoming: int) -> None:
+        """List the store; over 90% of the limit, evict down to 75%; set the write budget."""
+        limit = self.size_limit or 0
+        listing = self._listing()
+        if listing.total + incoming > limit * _HIGH:
+            evict_to(self, listing, int(limit * _LOW) - incoming)
+        self._budget = max(0, limit - listing.total - incoming) // _WRITERS
+
+    def touch(self, refs: Collection[str]) -> None:
+        """One ``used/`` log naming the segments read (see the module docstring)."""
+        now = time.time_ns()
+        start = len(self.root) + 1
+        lines = "".join(f"{now:x} {ref[start:]}\n" for ref in refs)
+        self.write_log(lines, now)
+        self._touches += 1
+        if self._touches % MERGE_AFTER == 0:  # a reader that never writes keeps logs few too
+            logs = [i.path for i in self._list(f"{self.root}/{USED}") if i.path.endswith(".log")]
+            if len(logs) > MERGE_AFTER:
+                merge_logs(self, logs, read_logs(self, logs))
+
+    def write_log(self, lines: str, now: int) -> None:
+        name = f"{now:016x}-{self._writer}-{uuid.uuid4().hex[:8]}.log"
+        self._write(f"{self.root}/{USED}/{name}", lines.encode())
+
+    def read_text(self, path: str) -> str | None:
+        try:
+            with self.fs.open_input_stream(path) as f:
+                return bytes(f.read()).decode("utf-8", "replace")
+        except (FileNotFoundError, OSError):
+            return None
+
+    def prune(self, older_than: float | None, max_bytes: int | None) -> Pruned:
+        """By age, then by recency down to ``max_bytes`` (plus writes killed an hour ago)."""
+        listing = self._listing()
+        removed = Pruned()
+        if older_than is not None:
+            cutoff = time.time_ns() - int(older_than * 1e9)
+            removed += evict_to(self, listing, None, before=cutoff)
+        if max_bytes is not None:
+            removed += evict_to(self, listing, max_bytes)
+        for path in listing.stale_temporaries(time.time_ns() - 3600 * 10**9):
+            self.delete_quietly(path)
+        return removed
 
     def _list(self, prefix: str) -> list[Any]:
         import pyarrow.fs as pafs
@@ -126,7 +210,7 @@ class _FsStore:
         info = self.fs.get_file_info(self._dir(scope, node))
         return info.mtime_ns if info.mtime_ns is not None else 0
 
-    def scan(self, scope: str, node: str | None, known: Any) -> list[tuple[str, int, bytes]]:
+    def scan(self, scope: str, node: str | None, known: SegmentIndex) -> list[FoundIndex]:
         """Indexes not loaded yet (of this node, or of every node of the scope)."""
         prefix = f"{self.root}/{scope}" if node is None else self._dir(scope, node)
         sizes: dict[str, int] = {}
@@ -146,7 +230,7 @@ class _FsStore:
                     blob = f.read()
             except FileNotFoundError:  # cleared meanwhile
                 continue
-            out.append((stem, sizes[stem], blob))
+            out.append(FoundIndex(stem, sizes[stem], blob))
         return out
 
     def read(self, ref: str, offset: int, length: int) -> bytes | None:
@@ -168,7 +252,7 @@ class _FsStore:
         infos = []
         for info in self._list(prefix):
             parts = info.path[len(self.root) + 1:].split("/")
-            if len(parts) != 3 or parts[0] == "marks":
+            if len(parts) != 3 or parts[0] in ("marks", USED):
                 continue
             if node is not None and unquote(parts[1]) != node:
                 continue
@@ -181,26 +265,26 @@ class _FsStore:
         for _scope, _node, info in found:  # indexes first, then segments
             if info.path.endswith(".idx"):
                 count += _entries(info.path)
-                self._delete_quietly(info.path)
+                self.delete_quietly(info.path)
         for _scope, _node, info in found:
             if not info.path.endswith(".idx"):
-                self._delete_quietly(info.path)
+                self.delete_quietly(info.path)
         return count
 
-    def _delete_quietly(self, path: str) -> None:
+    def delete_quietly(self, path: str) -> None:
         try:
             self.fs.delete_file(path)
         except FileNotFoundError:
             pass
 
-    def usage(self) -> dict[tuple[str, str], list[int]]:
-        out: dict[tuple[str, str], list[int]] = {}
+    def usage(self) -> dict[Group, Usage]:
+        out: dict[Group, list[int]] = {}
         for scope, node, info in self._groups(None, None):
-            row = out.setdefault((scope, node), [0, 0])
+            row = out.setdefault(Group(scope, node), [0, 0])
             if info.path.endswith(".idx"):
                 row[0] += _entries(info.path)
             row[1] += info.size or 0
-        return out
+        return {group: Usage(*row) for group, row in out.items()}
 
     def size_bytes(self) -> int:
         return sum(info.size or 0 for info in self._list(self.root))
@@ -220,6 +304,7 @@ class _FsStore:
 
 
 def _entries(path: str) -> int:
+    """Entries of a segment, from its object name (``<time>-<writer>-<entries>.idx``)."""
     try:
         return int(path.rsplit("-", 1)[1][:-4])
     except (IndexError, ValueError):

@@ -1,10 +1,12 @@
 """``SegmentCache``: the ``Cache`` protocol over any store of immutable segments.
 
-A backend supplies a *store* (where segment bytes live: SQLite rows, files, objects) with
-``put / scan / read / delete / drop / usage / put_marker / has_marker / close``; this class
-does everything else the protocol promises: packing a batch (``segments.pack``), the per-process
-index, checksums before unpickling, evicting bad segments, the degraded modes, pickling the
-handle and the visibility marker.
+A backend supplies a *store* (where segment bytes live: SQLite rows, files, objects), written
+down as the ``store.SegmentStore`` protocol; this class does everything else the protocol
+promises: packing a batch (``segments.pack``), the per-process index, checksums before
+unpickling, evicting bad segments, the degraded modes, pickling the handle and the visibility
+marker. With ``size_limit`` the store evicts the least recently used segments; this class tells
+it which segments were read (``touch``), batched: at most once per ``TOUCH_SECONDS`` per
+process, before its own writes, and on ``close``.
 """
 
 from __future__ import annotations
@@ -24,18 +26,25 @@ from hypernodes_dist.cache.base import MISSING, CacheNotVisibleError, check_scop
 from hypernodes_dist.cache.segments import (
     ENTRY_BITS,
     ENTRY_MASK,
+    SEGMENT_BYTES,
+    Refreshed,
     SegmentIndex,
+    Written,
     decode_block,
     decode_index,
     log,
     pack,
 )
+from hypernodes_dist.cache.store import Pruned, SegmentStore
+from hypernodes_dist.cache.units import parse_age, parse_size
 
-__all__ = ["SegmentCache", "NO_NODE", "worker_name"]
+__all__ = ["SegmentCache", "NO_NODE", "TOUCH_SECONDS", "worker_name"]
 
 NO_NODE = "_"  # the group of entries written without a node name
 _FEW = 64  # lookups of at most this many hits read single blocks, not whole segments
 _ABANDONED: list[Any] = []  # stores inherited through fork: never closed by the child
+TOUCH_SECONDS = 1.0  # a reading process records which segments it used at most this often
+_SLICE = 8  # with a size limit, one segment takes at most this fraction of it
 
 
 def worker_name() -> str:
@@ -46,20 +55,24 @@ class SegmentCache:
     """Base class of ``DiskCache`` and ``ObjectStoreCache`` (see the module docstring).
 
     Subclasses set ``_errors`` (the storage exceptions to absorb), ``refresh_seconds`` and
-    implement ``_new_store()``, ``_where()`` and ``_not_visible_hint()``."""
+    implement ``_new_store()``, ``_where()`` and ``_not_visible_hint()``. ``size_limit``
+    (bytes, or a string such as ``"10GB"``; ``None``: unbounded) is handed to the store."""
 
     refresh_seconds: float = 0.0
     _errors: tuple[type[BaseException], ...] = (OSError,)
 
-    def __init__(self, scope: str = "global") -> None:
+    def __init__(self, scope: str = "global", size_limit: int | str | None = None) -> None:
         check_scope(scope)
         self.scope: str = scope
+        self.size_limit: int | None = parse_size(size_limit)
         self._token: str | None = None
         self._prepared_by = -1
         self._reset()
 
     def _reset(self) -> None:
-        self._store: Any = None
+        self._store: SegmentStore | None = None
+        self._touched: set[Any] = set()
+        self._touched_at = time.monotonic()
         self._pid = -1
         self._lock = threading.RLock()
         self._known = SegmentIndex()
@@ -69,7 +82,7 @@ class SegmentCache:
         self._checked = False
 
     # -- to implement ----------------------------------------------------------------------
-    def _new_store(self) -> Any:
+    def _new_store(self, create: bool = True) -> SegmentStore:
         raise NotImplementedError
 
     def _where(self) -> str:
@@ -92,7 +105,7 @@ class SegmentCache:
         self._token, self._prepared_by = token, prepared_by
 
     # -- the store, per process -------------------------------------------------------------
-    def _open(self) -> Any:
+    def _open(self) -> SegmentStore | None:
         if self._pid == os.getpid():
             return self._store
         with self._lock:
@@ -156,7 +169,7 @@ class SegmentCache:
 
     def _marker_reader(self) -> Any:
         """``has_marker`` of a store that is not opened (opening may create the directory)."""
-        return self._new_store(create=False).has_marker  # type: ignore[call-arg]
+        return self._new_store(create=False).has_marker
 
     # -- batch API -----------------------------------------------------------------------------
     def get_many(self, keys: Sequence[str], node: str | None = None) -> dict[str, Any]:
@@ -175,7 +188,9 @@ class SegmentCache:
             return {}
         hit_keys = list(compress(keys, locs))
         if len(found) <= _FEW:  # a few keys (one run's node): read only their blocks
-            return self._get_blocks(store, hit_keys)
+            out = self._get_blocks(store, hit_keys)
+            self._touch_if_due(store)
+            return out
         numbers = list(map(rshift, found, repeat(ENTRY_BITS)))
         values_of: dict[int, list[Any]] = {}
         for number in set(numbers):
@@ -186,9 +201,11 @@ class SegmentCache:
             keep = [n in values_of for n in numbers]
             hit_keys, found, numbers = (list(compress(x, keep)) for x in (hit_keys, found, numbers))
         entries = map(and_, found, repeat(ENTRY_MASK))
-        return dict(zip(hit_keys, map(getitem, map(values_of.__getitem__, numbers), entries)))
+        out = dict(zip(hit_keys, map(getitem, map(values_of.__getitem__, numbers), entries)))
+        self._touch_if_due(store)
+        return out
 
-    def _get_blocks(self, store: Any, keys: list[str]) -> dict[str, Any]:
+    def _get_blocks(self, store: SegmentStore, keys: list[str]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for where, pairs in self._known.locate(keys).items():
             values = self._block(store, where)
@@ -196,10 +213,31 @@ class SegmentCache:
                 out.update([(key, values[pos]) for key, pos in pairs])
         return out
 
-    def _segment_values(self, store: Any, number: int) -> list[Any] | None:
+    # -- recency: which segments this process used ---------------------------------------------
+    def _used(self, number: int) -> None:
+        seg = self._known.segments[number]
+        if seg is not None and self.size_limit is not None:
+            self._touched.add(seg.ref)
+
+    def _touch_if_due(self, store: SegmentStore | None, now: bool = False) -> None:
+        """Tell the store which segments were read (batched: see ``TOUCH_SECONDS``)."""
+        if not self._touched or store is None:
+            return
+        if not now and time.monotonic() - self._touched_at < TOUCH_SECONDS:
+            return
+        with self._lock:
+            refs, self._touched = self._touched, set()
+            self._touched_at = time.monotonic()
+        try:
+            store.touch(refs)
+        except self._errors:
+            log.debug("hypernodes cache: recording use failed", exc_info=True)
+
+    def _segment_values(self, store: SegmentStore, number: int) -> list[Any] | None:
         """Every value of one segment, decoded once (one read) and kept in the LRU."""
         known = self._known
         where = (number, -1)  # the whole segment
+        self._used(number)
         values = known.cached_block(where)
         if values is not None:
             return values
@@ -222,7 +260,7 @@ class SegmentCache:
             known.keep_block(where, out, seg.size)
         return out
 
-    def _due(self, store: Any, node: str | None) -> bool:
+    def _due(self, store: SegmentStore, node: str | None) -> bool:
         """Whether a miss should reload indexes: the store changed since the last load (when
         it can tell cheaply: SQLite's data version, a directory's mtime), or, when it cannot
         (object stores), ``refresh_seconds`` passed."""
@@ -234,15 +272,15 @@ class SegmentCache:
         except self._errors:  # cannot tell: the refresh reports what is wrong
             return True
         if version is not None:
-            return version != last[1]
-        return time.monotonic() - last[0] >= self.refresh_seconds
+            return version != last.version
+        return time.monotonic() - last.at >= self.refresh_seconds
 
-    def _refresh(self, store: Any, node: str | None) -> None:
+    def _refresh(self, store: SegmentStore, node: str | None) -> None:
         """Load the indexes written since the last refresh (of ``node``, or of every node)."""
         with self._lock:
             known = self._known
-            for ref, size, keys, rows in known.pending:  # this process's own writes
-                known.add(ref, size, keys, rows)
+            for written in known.pending:  # this process's own writes
+                known.add(*written)
             known.pending.clear()
             if not self._due(store, node):
                 return
@@ -253,21 +291,22 @@ class SegmentCache:
                 log.debug("hypernodes cache: listing failed", exc_info=True)
                 self._warn_once("cannot list", exc)
                 return
-            known.refreshed[node] = (time.monotonic(), version)
-            for ref, size, blob in found:
-                decoded = decode_index(blob)
+            known.refreshed[node] = Refreshed(time.monotonic(), version)
+            for seg in found:
+                decoded = decode_index(seg.index)
                 if decoded is None:
-                    log.debug("hypernodes cache: bad index %r, evicting", ref)
-                    known.known.add(ref)
-                    self._delete(store, ref)
+                    log.debug("hypernodes cache: bad index %r, evicting", seg.ref)
+                    known.known.add(seg.ref)
+                    self._delete(store, seg.ref)
                     continue
-                known.add(ref, size, *decoded)
+                known.add(seg.ref, seg.size, *decoded)
 
-    def _block(self, store: Any, where: tuple[int, int]) -> list[Any] | None:
+    def _block(self, store: SegmentStore, where: tuple[int, int]) -> list[Any] | None:
+        number, b = where
+        self._used(number)
         values = self._known.cached_block(where)
         if values is not None:
             return values
-        number, b = where
         seg = self._known.segments[number]
         if seg is None:
             return None
@@ -291,15 +330,15 @@ class SegmentCache:
             log.debug("hypernodes cache: bad block %d of %r, evicting the segment", b, seg.ref)
             with self._lock:
                 ref = known.drop(number)
-            if ref is not None and blob is not None:  # a vanished segment needs no delete
-                self._delete(self._store, ref)
+            if ref is not None and blob is not None and self._store is not None:
+                self._delete(self._store, ref)  # a vanished segment needs no delete
             return None
         if keep:
             with self._lock:
                 known.keep_block(where, values, seg.lengths[b])
         return values
 
-    def _delete(self, store: Any, ref: Any) -> None:
+    def _delete(self, store: SegmentStore, ref: Any) -> None:
         try:
             store.delete(ref)
         except self._errors:
@@ -320,22 +359,33 @@ class SegmentCache:
         if store is None:
             return
         group = node or NO_NODE
-        limit = getattr(store, "max_segment_bytes", None)
-        for packed in pack(items):
-            if limit is not None and len(packed.data) > limit:  # one huge value: skip it only
+        limit, what = store.max_segment_bytes, "stores in one piece"
+        if self.size_limit is not None:
+            self._touch_if_due(store, now=True)  # this process's reads count before evicting
+            if limit is None or self.size_limit < limit:
+                limit, what = self.size_limit, "may hold (size_limit)"
+        for packed in pack(items, self._segment_bytes()):
+            if limit is not None and packed.nbytes > limit:  # one huge value: skip it only
                 warnings.warn(
                     f"hypernodes-dist: {len(packed.keys)} result(s) of node {group!r} take "
-                    f"{len(packed.data)} bytes, more than {self._where()} stores in one piece "
-                    f"({limit}); not cached", RuntimeWarning, stacklevel=2)
+                    f"{packed.nbytes} bytes, more than {self._where()} {what} ({limit}); not "
+                    "cached", RuntimeWarning, stacklevel=2)
                 continue
             try:
-                ref, size = store.put(self.scope, group, packed)
+                stored = store.put(self.scope, group, packed)
             except self._errors as exc:
                 self._degrade("cannot write to", exc, writes_only=True)
                 return
             with self._lock:  # indexed lazily: a cold map never reads back what it wrote
-                self._known.pending.append((ref, size, packed.keys, packed.rows))
-                self._known.known.add(ref)
+                self._known.pending.append(Written(stored.ref, stored.size, packed.keys,
+                                                   packed.rows))
+                self._known.known.add(stored.ref)
+
+    def _segment_bytes(self) -> int:
+        """Segments stay a small slice of ``size_limit``: one batch never evicts everything."""
+        if self.size_limit is None:
+            return SEGMENT_BYTES
+        return max(1, min(SEGMENT_BYTES, self.size_limit // _SLICE))
 
     # -- single-key API ------------------------------------------------------------------------
     def get(self, key: str, default: Any = MISSING) -> Any:
@@ -350,7 +400,7 @@ class SegmentCache:
         """Whether ``key`` is indexed; ``get`` may still miss if its data turns out corrupt."""
         if not isinstance(key, str) or self._open() is None:
             return False
-        if key not in self._known.index:
+        if key not in self._known.index and self._store is not None:
             self._refresh(self._store, None)
         return key in self._known.index
 
@@ -366,17 +416,32 @@ class SegmentCache:
             self._known = SegmentIndex()
         return int(removed)
 
+    def prune(self, older_than: float | str | None = None,
+              max_size: int | str | None = None) -> Pruned:
+        """Delete the segments not used for ``older_than`` (seconds, or ``"7d"``, ``"12h"``),
+        then the least recently used ones until at most ``max_size`` (bytes, or ``"10GB"``)
+        remain; return what was removed. Removed entries are misses (recomputed)."""
+        age = None if older_than is None else parse_age(older_than)
+        size = parse_size(max_size, "max_size")
+        store = self._open()
+        if store is None:
+            return Pruned()
+        self._touch_if_due(store, now=True)
+        removed = store.prune(age, size)
+        with self._lock:
+            self._known = SegmentIndex()
+        return removed
+
     def stats(self) -> dict[str, Any]:
         """Entries and bytes in all, per scope and per node; state flags."""
         store = self._open()
         info: dict[str, Any] = {"path": self._where(), "scope": self.scope,
-                                "enabled": store is not None}
+                                "enabled": store is not None, "size_limit": self.size_limit}
         if store is None:
             return info
-        usage = store.usage()  # {(scope, node): [entries, bytes]}
         by_scope: dict[str, dict[str, int]] = {}
         by_node: dict[str, dict[str, int]] = {}
-        for (scope, node), (entries, nbytes) in usage.items():
+        for (scope, node), (entries, nbytes) in store.usage().items():
             for table, name in ((by_scope, scope), (by_node, node)):
                 row = table.setdefault(name, {"entries": 0, "bytes": 0})
                 row["entries"] += entries
@@ -392,6 +457,7 @@ class SegmentCache:
         """Close this process's connections (reopened lazily on the next use)."""
         with self._lock:
             if self._store is not None and self._pid == os.getpid():
+                self._touch_if_due(self._store, now=True)
                 self._store.close()
             token, prepared_by = self._token, self._prepared_by
             self._reset()

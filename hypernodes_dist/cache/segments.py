@@ -31,12 +31,12 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 from xxhash import xxh3_128_digest
 
-__all__ = ["Packed", "SegmentIndex", "decode_block", "decode_index", "pack"]
+__all__ = ["BlockRow", "Packed", "Refreshed", "SegmentIndex", "Written", "decode_block", "decode_index", "pack"]
 
 log = logging.getLogger("hypernodes_dist.cache")
 
@@ -52,6 +52,14 @@ ENTRY_BITS = 32
 ENTRY_MASK = (1 << ENTRY_BITS) - 1
 
 
+class BlockRow(NamedTuple):
+    """Where one block of a segment's data is, and how many values it holds."""
+
+    offset: int
+    length: int
+    count: int
+
+
 @dataclass
 class Packed:
     """One segment ready to store: its keys, index bytes, data bytes and block table."""
@@ -59,31 +67,55 @@ class Packed:
     keys: list[str]
     index: bytes
     data: bytes
-    rows: list[tuple[int, int, int]]
+    rows: list[BlockRow]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the segment takes in a store (data and index)."""
+        return len(self.data) + len(self.index)
 
 
-def pack(items: Mapping[str, Any]) -> list[Packed]:
-    """Pickle ``items`` into segments (one pickle + digest pass per block).
+class Written(NamedTuple):
+    """A segment this process wrote, indexed on its next miss."""
+
+    ref: Any
+    size: int
+    keys: list[str]
+    rows: list[BlockRow]
+
+
+class Refreshed(NamedTuple):
+    """When a process last loaded a node's indexes, and the store's version then."""
+
+    at: float
+    version: Any
+
+
+def pack(items: Mapping[str, Any], segment_bytes: int = 0) -> list[Packed]:
+    """Pickle ``items`` into segments (one pickle + digest pass per block) of at most
+    ``segment_bytes`` (default ``SEGMENT_BYTES``; a single block may be larger).
 
     Unpicklable values are left out with one ``RuntimeWarning`` per type."""
     keys, values = list(items), list(items.values())
+    limit = segment_bytes or SEGMENT_BYTES
     out: list[Packed] = []
     blocks: list[bytes] = []
     seg_keys: list[str] = []
-    rows: list[tuple[int, int, int]] = []
+    rows: list[BlockRow] = []
     size, step, start = 0, BLOCK_ENTRIES, 0
     while start < len(keys):
         chunk_keys, payload = _dumps(keys[start:start + step], values[start:start + step])
         start += step
         if payload is None:
             continue
-        if len(payload) > BLOCK_BYTES and step > 1:
-            step = max(1, step * BLOCK_BYTES // len(payload))
+        block_bytes = min(BLOCK_BYTES, limit)
+        if len(payload) > block_bytes and step > 1:
+            step = max(1, step * block_bytes // len(payload))
         block = _BLOCK.pack(_BLOCK_MAGIC, len(chunk_keys), xxh3_128_digest(payload)) + payload
-        if blocks and size + len(block) > SEGMENT_BYTES:
+        if blocks and size + len(block) > limit:
             out.append(_segment(seg_keys, blocks, rows))
             blocks, seg_keys, rows, size = [], [], [], 0
-        rows.append((size, len(block), len(chunk_keys)))
+        rows.append(BlockRow(size, len(block), len(chunk_keys)))
         blocks.append(block)
         seg_keys.extend(chunk_keys)
         size += len(block)
@@ -92,7 +124,7 @@ def pack(items: Mapping[str, Any]) -> list[Packed]:
     return out
 
 
-def _segment(keys: list[str], blocks: list[bytes], rows: list[tuple[int, int, int]]) -> Packed:
+def _segment(keys: list[str], blocks: list[bytes], rows: list[BlockRow]) -> Packed:
     joined = "\n".join(keys)
     if joined.count("\n") == len(keys) - 1:  # keys as one newline-separated string
         key_bytes = b"j" + joined.encode("utf-8", "surrogatepass")
@@ -127,7 +159,7 @@ def _dumps(keys: list[str], values: list[Any]) -> tuple[list[str], bytes | None]
     return good_keys, cloudpickle.dumps(good_values, protocol=5)
 
 
-def decode_index(blob: Any) -> tuple[list[str], list[tuple[int, int, int]]] | None:
+def decode_index(blob: Any) -> tuple[list[str], list[BlockRow]] | None:
     """``(keys, block rows)`` of a verified index; ``None`` if anything is wrong."""
     try:
         if type(blob) is not bytes or len(blob) < _INDEX.size:
@@ -137,13 +169,13 @@ def decode_index(blob: Any) -> tuple[list[str], list[tuple[int, int, int]]] | No
         if magic != _INDEX_MAGIC or xxh3_128_digest(body) != digest:
             return None
         table = nblocks * _ROW.size
-        rows = [_ROW.unpack_from(body, i * _ROW.size) for i in range(nblocks)]
+        rows = [BlockRow(*_ROW.unpack_from(body, i * _ROW.size)) for i in range(nblocks)]
         kind, key_bytes = body[table:table + 1], body[table + 1:]
         if kind == b"j":
             keys = bytes(key_bytes).decode("utf-8", "surrogatepass").split("\n") if nentries else []
         else:
             keys = pickle.loads(key_bytes)
-        if type(keys) is not list or len(keys) != nentries or sum(r[2] for r in rows) != nentries:
+        if type(keys) is not list or len(keys) != nentries or sum(r.count for r in rows) != nentries:
             return None
         return keys, rows
     except Exception:  # noqa: BLE001 - a bad index is a miss
@@ -186,20 +218,19 @@ class SegmentIndex:
     known: set[Any] = field(default_factory=set)
     blocks: OrderedDict[tuple[int, int], list[Any]] = field(default_factory=OrderedDict)
     block_bytes: int = 0
-    refreshed: dict[str | None, tuple[float, Any]] = field(default_factory=dict)  # time, version
+    refreshed: dict[str | None, Refreshed] = field(default_factory=dict)
     cursor: dict[str | None, Any] = field(default_factory=dict)  # backend-specific
-    pending: list[tuple[Any, int, list[str], list[tuple[int, int, int]]]] = field(
-        default_factory=list)  # this process's writes, indexed on the next miss
+    pending: list[Written] = field(default_factory=list)  # this process's writes, indexed lazily
 
-    def add(self, ref: Any, size: int, keys: list[str], rows: Sequence[tuple[int, int, int]]) -> None:
+    def add(self, ref: Any, size: int, keys: list[str], rows: Sequence[BlockRow]) -> None:
         """Register one segment (its keys now resolve to it)."""
         self.known.add(ref)
         starts, total = [], 0
-        for _off, _len, count in rows:
+        for row in rows:
             starts.append(total)
-            total += count
-        seg = _Segment(ref, size, keys, [r[0] for r in rows], [r[1] for r in rows],
-                       [r[2] for r in rows], starts)
+            total += row.count
+        seg = _Segment(ref, size, keys, [r.offset for r in rows], [r.length for r in rows],
+                       [r.count for r in rows], starts)
         number = len(self.segments)
         self.segments.append(seg)
         base = number << ENTRY_BITS
