@@ -1,5 +1,6 @@
 """``hypernodes-dist`` command line: ``cache info PATH``, ``cache clear PATH [--scope S]
-[--node NAME]`` (PATH: a DiskCache directory or an ObjectStoreCache URL) and
+[--node NAME]``, ``cache prune PATH [--older-than 7d] [--max-size 10GB]`` (PATH: a DiskCache
+directory or an ObjectStoreCache URL) and
 ``bench`` (workloads over engines and item counts; see ``hypernodes_dist.bench``).
 
 Each top-level command is a subparser registered by a ``_add_<command>(subparsers)`` function
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hypernodes_dist.cache.base import SCOPES
+from hypernodes_dist.cache.units import parse_age, parse_size
 
 __all__ = ["build_parser", "main"]
 
@@ -87,6 +89,34 @@ def _cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache_prune(args: argparse.Namespace) -> int:
+    if args.older_than is None and args.max_size is None:
+        print("error: give --older-than AGE and/or --max-size SIZE", file=sys.stderr)
+        return 2
+    try:
+        age = None if args.older_than is None else parse_age(args.older_than)
+        size = parse_size(args.max_size, "--max-size")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    found = _with_cache(args.path, lambda cache: (cache.prune(age, size), cache.stats()))
+    if found is None:
+        return 2
+    removed, stats = found
+    why = []
+    if args.older_than is not None:
+        why.append(f"not used for {args.older_than}")
+    if args.max_size is not None:
+        why.append(f"least recently used beyond {args.max_size}")
+    print(f"removed {removed.segments} segments ({removed.entries} entries, "
+          f"{_human(removed.nbytes)}; {' or '.join(why)}) from {args.path}")
+    if stats.get("enabled"):
+        kept = sum(row["bytes"] for row in stats["by_node"].values())
+        print(f"kept {stats['entries']} entries, {_human(kept)} in segments "
+              f"({_human(stats['size_bytes'])} on disk)")
+    return 0
+
+
 def _add_cache(subparsers: argparse._SubParsersAction) -> None:
     cache = subparsers.add_parser(
         "cache", help="inspect or clear a cache (DiskCache directory or ObjectStoreCache URL)")
@@ -100,6 +130,13 @@ def _add_cache(subparsers: argparse._SubParsersAction) -> None:
     clear.add_argument("--scope", choices=SCOPES, default=None, help="only this scope")
     clear.add_argument("--node", default=None, metavar="NAME", help="only this node's entries")
     clear.set_defaults(func=_cache_clear)
+    prune = sub.add_parser("prune", help="delete entries not used lately, or beyond a size")
+    prune.add_argument("path", metavar="PATH", help="cache directory or URL")
+    prune.add_argument("--older-than", default=None, metavar="AGE",
+                       help="delete entries not read or written for AGE (30m, 12h, 7d, 2w)")
+    prune.add_argument("--max-size", default=None, metavar="SIZE",
+                       help="then delete the least recently used until SIZE remain (500MB, 10GB)")
+    prune.set_defaults(func=_cache_prune)
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
