@@ -58,7 +58,8 @@ class Registry:
         self.failures: dict[Key, Failure] = {}
         self.order: list[Key] = []  # build order: torn down in reverse
         self.lock = threading.Lock()
-        self.building: dict[Key, threading.Lock] = {}
+        self.building: dict[Key, threading.Lock] = {}  # sync builds, one at a time per key
+        self.awaiting: dict[Key, asyncio.Lock] = {}  # async builds, one at a time per key
         self.finalizer: Any = None
 
     # -- getting a resource ------------------------------------------------------------------
@@ -118,10 +119,7 @@ class Registry:
 
     def _async_lock(self, key: Key) -> asyncio.Lock:
         with self.lock:
-            lock = self.building.get(key)
-            if not isinstance(lock, asyncio.Lock):
-                lock = self.building[key] = asyncio.Lock()  # type: ignore[assignment]
-            return lock  # type: ignore[return-value]
+            return self.awaiting.setdefault(key, asyncio.Lock())
 
     def _built(self, key: Key, res: Resource, build: Any) -> Entry:
         try:
@@ -161,6 +159,7 @@ class Registry:
             entries = [self.entries.pop(k) for k in keys if k in self.entries]
             self.failures.clear()
             self.building.clear()
+            self.awaiting.clear()
         for entry in entries:
             _teardown(entry)
 
