@@ -10,13 +10,12 @@ first map that needs it, so building a ``DaskEngine`` is free.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from hypernodes_dist.engines.kit import flow_tasks
+from hypernodes_dist.engines.scratch import Scratch
 from hypernodes_dist.resources import release_resources
 
 from .mainguard import check_main
@@ -114,7 +113,7 @@ class ProcessPool:
     def __init__(self, workers: int):
         self.workers = workers
         self._pools: dict[int, ProcessPoolExecutor] = {}
-        self._dir: str | None = None
+        self._dir: Scratch | None = None
         self._lock = threading.Lock()
 
     def pool(self, flows: bool = False) -> ProcessPoolExecutor:
@@ -135,10 +134,12 @@ class ProcessPool:
             return pool
 
     def scratch(self) -> str:
+        """The payload directory (``hypernodes-dask-<pid>-*``; stale ones of killed runs are
+        removed when it is made, see ``hypernodes_dist.engines.scratch``)."""
         with self._lock:
             if self._dir is None:
-                self._dir = tempfile.mkdtemp(prefix="hypernodes-dask-")
-            return self._dir
+                self._dir = Scratch("hypernodes-dask")
+            return self._dir.path
 
     def close(self) -> None:
         with self._lock:
@@ -147,4 +148,4 @@ class ProcessPool:
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
         if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+            directory.close()
