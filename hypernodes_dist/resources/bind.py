@@ -101,13 +101,16 @@ def _bound(node: HyperNode, resources: Mapping[str, Resource], idents: Mapping[s
     bound.salt = node.salt + tuple(f"{p}={idents[p]}" for p in direct)
     bound.code = node.code
     bound.resources = tuple(direct)
-    bound.func = _caller(node, direct, needed, tuple(hidden), idents)
+    # a sync node taking an async resource awaits it: the bound node is async
+    bound.is_async = node.is_async or any(r.is_async for r in needed)
+    bound.func = _caller(node, bound.is_async, direct, needed, tuple(hidden), idents)
     return bound
 
 
-def _caller(node: HyperNode, direct: list[str], needed: list[Resource], hidden: tuple[str, ...],
-            idents: Mapping[str, str]) -> Callable[..., Any]:
-    """The bound node's function: fetch the resources, call the original with them."""
+def _caller(node: HyperNode, is_async: bool, direct: list[str], needed: list[Resource],
+            hidden: tuple[str, ...], idents: Mapping[str, str]) -> Callable[..., Any]:
+    """The bound node's function: fetch the resources, call the original with them (an
+    async caller awaits async resources; a sync function is then called from it)."""
     func = node.func
     assert func is not None
     fetch = _Fetch(needed, idents)
@@ -119,16 +122,21 @@ def _caller(node: HyperNode, direct: list[str], needed: list[Resource], hidden: 
             del kwargs[p]
         return values
 
-    if node.is_async and node.is_generator:
+    if is_async and node.is_generator:
         async def call(**kwargs: Any) -> Any:
-            values = take(kwargs)
-            built = await fetch.aget(values)
-            async for chunk in func(**kwargs, **{p: built[p] for p in direct}):
-                yield chunk
-    elif node.is_async:
+            built = await fetch.aget(take(kwargs))
+            chunks = func(**kwargs, **{p: built[p] for p in direct})
+            if hasattr(chunks, "__aiter__"):
+                async for chunk in chunks:
+                    yield chunk
+            else:
+                for chunk in chunks:
+                    yield chunk
+    elif is_async:
         async def call(**kwargs: Any) -> Any:  # type: ignore[misc]
             built = await fetch.aget(take(kwargs))
-            return await func(**kwargs, **{p: built[p] for p in direct})
+            value = func(**kwargs, **{p: built[p] for p in direct})
+            return await value if node.is_async else value
     elif node.is_generator:
         def call(**kwargs: Any) -> Any:  # type: ignore[misc]
             built = fetch.get(take(kwargs))

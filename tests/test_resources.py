@@ -1,0 +1,168 @@
+"""``@resource`` on the local engine: graph building, inputs, keys, build failures, the
+per-process registry (one build for concurrent first calls, sync and async mixes)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from hypernodes_dist import DiskCache, Graph, node, resource
+from hypernodes_dist.errors import GraphBuildError, GraphInputError, ResourceError
+from hypernodes_dist.resources import release_resources
+from hypernodes_dist.resources.registry import REGISTRY
+
+BUILDS: list[str] = []
+
+
+@resource
+def counter():
+    BUILDS.append("counter")
+    box = {"n": 0, "lock": threading.Lock()}
+    yield box
+    BUILDS.append("counter-teardown")
+
+
+@resource(name="prefix", version="1")
+def make_prefix(word: str = "hi"):
+    BUILDS.append(f"prefix:{word}")
+    return word + ":"
+
+
+@resource
+async def aclient(prefix):
+    await asyncio.sleep(0)
+    BUILDS.append("aclient")
+    return {"loop": asyncio.get_running_loop(), "prefix": prefix}
+
+
+@node(output_name="out")
+def greet(name: str, prefix, counter) -> str:
+    with counter["lock"]:
+        counter["n"] += 1
+    return prefix + name
+
+
+@node(output_name="where")
+def sync_uses_async(name: str, aclient) -> str:
+    return aclient["prefix"] + name
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    release_resources()
+    BUILDS.clear()
+    yield
+    release_resources()
+
+
+def test_a_resource_is_not_an_input_and_may_read_broadcast_inputs():
+    graph = Graph([counter, make_prefix, greet])
+    assert graph.inputs == ("name", "word")
+    assert graph.required_inputs == ("name",)
+    with pytest.raises(GraphInputError, match="'counter'.*resource"):
+        graph.run({"name": "a", "counter": object()})
+    res = graph.map({"name": ["a", "b", "c"], "word": "yo"}, map_over="name")
+    assert [r["out"] for r in res] == ["yo:a", "yo:b", "yo:c"]
+    assert sorted(BUILDS) == ["counter", "prefix:yo"]  # once each, for the whole map
+
+
+def test_one_build_per_distinct_inputs_and_teardown_on_close():
+    graph = Graph([counter, make_prefix, greet])
+    assert graph.run({"name": "a"})["out"] == "hi:a"
+    assert graph.run({"name": "a", "word": "yo"})["out"] == "yo:a"
+    assert graph.run({"name": "b"})["out"] == "hi:b"
+    assert BUILDS.count("prefix:hi") == 1 and BUILDS.count("prefix:yo") == 1
+    assert BUILDS.count("counter") == 1
+    graph.engine.close()
+    assert BUILDS[-1] == "counter-teardown"
+
+
+def test_invalid_resource_graphs_are_rejected_at_build():
+    @resource
+    def a(b):
+        return 1
+
+    @resource
+    def b(a):
+        return 2
+
+    @node(output_name="y")
+    def uses(a) -> int:
+        return a
+
+    with pytest.raises(GraphBuildError, match="cycle"):
+        Graph([a, b, uses])
+
+    @resource(name="out")
+    def clashing():
+        return 0
+
+    with pytest.raises(GraphBuildError, match="'out'.*output of node 'greet'"):
+        Graph([clashing, greet, counter, make_prefix])
+    with pytest.raises(GraphBuildError, match="two resources"):
+        Graph([counter, counter, make_prefix, greet])
+
+
+def test_the_resource_identity_is_in_the_cache_key(tmp_path):
+    cache = DiskCache(tmp_path / "c")
+    first = Graph([counter, make_prefix, greet], cache=cache)
+    first.map({"name": ["a", "b"]}, map_over="name")
+
+    @resource(name="prefix", version="2")
+    def make_prefix_v2(word: str = "hi"):
+        return word + "!"
+
+    again = Graph([counter, make_prefix, greet], cache=cache).map({"name": ["a", "b"]},
+                                                                   map_over="name")
+    assert all(r.history[-1].cached for r in again)
+    changed = Graph([counter, make_prefix_v2, greet], cache=cache).map({"name": ["a", "b"]},
+                                                                       map_over="name")
+    assert [r["out"] for r in changed] == ["hi!a", "hi!b"]  # recomputed, never mixed
+    assert not any(r.history[-1].cached for r in changed)
+
+
+def test_a_failed_build_fails_every_item_with_resource_error():
+    @resource
+    def broken():
+        raise OSError("no model file")
+
+    @node(output_name="y")
+    def uses(x: int, broken) -> int:
+        return x
+
+    res = Graph([broken, uses]).map({"x": [1, 2, 3]}, map_over="x", on_error="collect")
+    assert len(res.errors) == 3
+    for r in res:
+        assert isinstance(r.error, ResourceError)
+        assert "'broken'" in str(r.error) and r.error.worker in str(r.error)
+        assert isinstance(r.error.__cause__, OSError)
+    with pytest.raises(ResourceError, match="building resource 'broken' failed"):
+        Graph([broken, uses]).run({"x": 1})
+
+
+def test_a_sync_node_takes_an_async_resource_built_on_the_process_loop():
+    graph = Graph([make_prefix, aclient, sync_uses_async])
+    assert graph.run({"name": "a"})["where"] == "hi:a"
+    res = graph.map({"name": ["b", "c"]}, map_over="name")
+    assert [r["where"] for r in res] == ["hi:b", "hi:c"]
+    assert BUILDS.count("aclient") == 1
+
+
+def test_concurrent_first_calls_from_threads_build_once():
+    graph = Graph([counter, make_prefix, greet])
+    barrier = threading.Barrier(8)
+    outs: list[str] = []
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        outs.append(graph.run({"name": str(i)})["out"])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outs) == sorted(f"hi:{i}" for i in range(8))
+    assert BUILDS.count("counter") == 1 and len(REGISTRY.entries) == 2
