@@ -19,6 +19,7 @@ from hypernodes_dist.inputs import (
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import Plan, compile_plan
 from hypernodes_dist.resources import Resource
+from hypernodes_dist.resources.bind import bind_resources, split_resources
 from hypernodes_dist.results import GraphResult
 from hypernodes_dist.run.checkpoint import Checkpoint, restore
 from hypernodes_dist.run.graphrun import GraphRun
@@ -44,9 +45,11 @@ class Graph:
         max_iterations: int = 1000,
         name: str | None = None,
     ) -> None:
-        self.nodes: tuple[HyperNode, ...] = tuple(n for n in nodes if not isinstance(n, Resource))
-        self.resources: tuple[Resource, ...] = tuple(n for n in nodes if isinstance(n, Resource))
-        self.plan: Plan = compile_plan(tuple(nodes), max_iterations)
+        plain, resources = split_resources(nodes)
+        self.nodes: tuple[HyperNode, ...] = tuple(plain)
+        self.resources: tuple[Resource, ...] = tuple(resources.values())
+        self.plan: Plan = compile_plan(bind_resources(plain, resources), max_iterations,
+                                       tuple(resources))
         self.engine: Engine = resolve(engine)
         self.cache = cache
         self.callbacks: list[Any] = list(callbacks or [])

@@ -15,8 +15,6 @@ from typing import Any, Protocol
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine
 from hypernodes_dist.nodes import END, HyperNode
-from hypernodes_dist.resources.bind import bind_resources, split_resources
-from hypernodes_dist.resources.declare import Resource
 from hypernodes_dist.topology import Topology, analyze
 
 __all__ = ["Plan", "compile_plan", "MISSING"]
@@ -44,9 +42,9 @@ class Plan:
     """Nodes in a deterministic order plus everything an executor needs, precomputed."""
 
     def __init__(self, nodes: Sequence[HyperNode], topology: Topology, max_iterations: int,
-                 resources: dict[str, Resource] | None = None):
+                 resources: Sequence[str] = ()):
         by_name = {n.name: n for n in nodes}
-        self.resources: dict[str, Resource] = dict(resources or {})
+        self.resources = frozenset(resources)  # names bound to ``@resource``s (not inputs)
         self.topology = topology
         self.nodes: tuple[HyperNode, ...] = tuple(by_name[n] for n in topology.order)
         self.position = {n.name: i for i, n in enumerate(self.nodes)}
@@ -120,13 +118,13 @@ class Plan:
         return f"Plan({[n.name for n in self.nodes]}, static={self.static})"
 
 
-def compile_plan(nodes: Sequence[HyperNode | Resource], max_iterations: int = 1000) -> Plan:
-    """Validate ``nodes`` (resources among them) and compile them into a ``Plan``."""
+def compile_plan(nodes: Sequence[HyperNode], max_iterations: int = 1000,
+                 resources: Sequence[str] = ()) -> Plan:
+    """Validate ``nodes`` and compile them into a ``Plan``; ``resources``: the names of the
+    graph's resources (its nodes come already bound to them, ``resources.bind``)."""
     if max_iterations < 1:
         raise ValueError(f"max_iterations must be >= 1, got {max_iterations}")
-    plain, resources = split_resources(nodes)
-    bound = bind_resources(plain, resources)
-    return Plan(bound, analyze(bound), max_iterations, resources)
+    return Plan(nodes, analyze(nodes), max_iterations, resources)
 
 
 def _code_id(node: HyperNode) -> str:
