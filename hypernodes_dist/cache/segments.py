@@ -103,14 +103,17 @@ def pack(items: Mapping[str, Any], segment_bytes: int = 0) -> list[Packed]:
     seg_keys: list[str] = []
     rows: list[BlockRow] = []
     size, step, start = 0, BLOCK_ENTRIES, 0
+    block_bytes = min(BLOCK_BYTES, limit)
     while start < len(keys):
-        chunk_keys, payload = _dumps(keys[start:start + step], values[start:start + step])
-        start += step
+        stop = start + step
+        chunk_keys, payload = _dumps(keys[start:stop], values[start:stop])
+        if payload is not None and len(payload) > block_bytes and step > 1:
+            step = max(1, step * block_bytes // len(payload))
+            if len(payload) > limit and len(chunk_keys) > 1:
+                continue  # would not fit in a segment: pickle it again in smaller blocks
+        start = stop
         if payload is None:
             continue
-        block_bytes = min(BLOCK_BYTES, limit)
-        if len(payload) > block_bytes and step > 1:
-            step = max(1, step * block_bytes // len(payload))
         block = _BLOCK.pack(_BLOCK_MAGIC, len(chunk_keys), xxh3_128_digest(payload)) + payload
         if blocks and size + len(block) > limit:
             out.append(_segment(seg_keys, blocks, rows))

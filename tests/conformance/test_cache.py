@@ -3,11 +3,14 @@ directory): same keys everywhere, hits reported, per-item reuse."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
+from pathlib import Path
 
 import pytest
 
-from hypernodes_dist import DiskCache, Graph, GraphEngine, ObjectStoreCache
+from hypernodes_dist import DiskCache, Graph, GraphEngine, ObjectStoreCache, node
 
 from . import graphs as G
 
@@ -183,3 +186,83 @@ def test_async_plan_is_cached_and_warm_rerun_is_all_hits(engine, store, tmp_path
     warm = Graph(G.ASYNC, engine=engine, cache=cache, callbacks=[ends]).map(inputs, map_over="x")
     assert [r["total"] for r in warm] == [r["total"] for r in cold] == [x * 11 + 1 for x in range(30)]
     assert len(ends.events) == 90 and all(e.cached for e in ends.events)
+
+
+@node(output_name="blob")
+def blob(x: int, log_dir: str) -> str:
+    """6 KB per item, distinct; one log line per execution (counted across processes)."""
+    with open(Path(log_dir) / f"blob-{os.getpid()}.log", "a") as fh:
+        fh.write(f"{x}\n")
+    return f"{x:06d}" * 1000
+
+
+def stored_bytes(store, path: Path) -> int:
+    """The bytes of the segments a cache holds, read from the store itself."""
+    if store is DiskCache:
+        try:
+            con = sqlite3.connect(path / "hn-cache.db", timeout=60)
+            try:
+                return con.execute("SELECT nbytes FROM hn_total").fetchone()[0]
+            finally:
+                con.close()
+        except sqlite3.OperationalError:  # not created yet
+            return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            if name.endswith((".seg", ".idx")):
+                try:
+                    total += os.path.getsize(os.path.join(root, name))
+                except OSError:  # evicted meanwhile
+                    pass
+    return total
+
+
+class Sampler(threading.Thread):
+    """Reads the store's size every few milliseconds while a map runs."""
+
+    def __init__(self, store, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.store, self.path = store, path
+        self.peak = 0
+        self.samples = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.005):
+            self.peak = max(self.peak, stored_bytes(self.store, self.path))
+            self.samples += 1
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join()
+
+
+def test_eviction_keeps_the_cache_under_its_limit_during_a_map(engine, store, tmp_path, logs):
+    """120 results of 6 KB into a 128 KB cache: the store never holds more than the limit
+    while the map writes (from every worker), and a rerun recomputes what was evicted, with
+    the right values."""
+    limit = 128 * 1024
+    path = tmp_path / "c"
+    cache = store(path, size_limit=limit)
+    xs = list(range(120))
+    expect = [f"{x:06d}" * 1000 for x in xs]
+    g = Graph([blob], engine=engine, cache=cache)
+    with Sampler(store, path) as sampler:
+        first = g.map({"x": xs, "log_dir": str(logs)}, map_over="x")
+    assert [r["blob"] for r in first] == expect
+    assert sampler.samples > 0 and 0 < sampler.peak <= limit
+    assert stored_bytes(store, path) <= limit
+    assert G.executions(logs, "blob-") == xs
+    kept = cache.stats()["entries"]
+    assert 0 < kept < len(xs)  # some entries were evicted
+    with Sampler(store, path) as sampler:
+        again = g.map({"x": xs, "log_dir": str(logs)}, map_over="x")
+    assert [r["blob"] for r in again] == expect  # evicted entries recomputed, never wrong
+    assert sampler.peak <= limit
+    runs = G.executions(logs, "blob-")
+    assert len(runs) >= 2 * len(xs) - kept  # everything that was not kept ran again
