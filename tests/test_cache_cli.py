@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -98,3 +99,45 @@ def test_clear_one_node_on_both_backends(tmp_path: pathlib.Path) -> None:
         assert "node beta: 1 entries" in info.stdout and "alpha" not in info.stdout
     assert DiskCache(disk).clear(node="beta") == 1  # the Python equivalent
     assert ObjectStoreCache(objects).clear(node="beta") == 1
+
+
+@pytest.mark.parametrize("kind", ["disk", "objects"])
+def test_prune_by_age_then_by_size(tmp_path: pathlib.Path, kind: str) -> None:
+    """Entries not used for the given age go; then the least recently used beyond the size."""
+    from hypernodes_dist.cache.objectstore import ObjectStoreCache
+
+    path = str(tmp_path / "cache")
+    make = DiskCache if kind == "disk" else ObjectStoreCache
+    cache = make(path)
+    cache.set_many({f"old{i}": "x" * 5000 + str(i) for i in range(4)}, node="old")
+    cache.set_many({f"used{i}": "y" * 5000 + str(i) for i in range(4)}, node="used")
+    time.sleep(1.3)
+    for batch in range(3):
+        cache.set_many({f"new{batch}-{i}": "z" * 5000 + str(i) for i in range(4)}, node="new")
+        time.sleep(0.02)
+    reader = make(path, size_limit="1GB")  # a reader records what it uses (for eviction)
+    assert len(reader.get_many([f"used{i}" for i in range(4)], node="used")) == 4
+    reader.close()
+
+    out = _cli("cache", "prune", path, "--older-than", "1s")
+    assert out.returncode == 0, out.stderr
+    assert "removed 1 segments (4 entries" in out.stdout and "not used for 1s" in out.stdout
+    assert "kept 16 entries" in out.stdout
+    assert make(path).get_many(["old0", "used0"]) == {"used0": "y" * 5000 + "0"}
+
+    out = _cli("cache", "prune", path, "--max-size", "45KB", "--older-than", "7d")
+    assert out.returncode == 0, out.stderr
+    assert "removed 2 segments (8 entries" in out.stdout and "beyond 45KB" in out.stdout
+    left = make(path).get_many([f"{k}" for k in ("used0", "new0-0", "new1-0", "new2-0")])
+    assert sorted(left) == ["new2-0", "used0"]  # the newest write and the latest read
+
+
+def test_prune_errors(tmp_path: pathlib.Path, filled: str) -> None:
+    out = _cli("cache", "prune", filled)
+    assert out.returncode == 2 and "--older-than AGE and/or --max-size SIZE" in out.stderr
+    out = _cli("cache", "prune", filled, "--older-than", "soon")
+    assert out.returncode == 2 and "is not an age" in out.stderr
+    out = _cli("cache", "prune", filled, "--max-size", "big")
+    assert out.returncode == 2 and "is not a size" in out.stderr
+    out = _cli("cache", "prune", str(tmp_path / "nothing"), "--max-size", "1GB")
+    assert out.returncode == 2 and "no cache at" in out.stderr
