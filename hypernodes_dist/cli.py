@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypernodes_dist.cache.base import SCOPES
+from hypernodes_dist.cache.base import SCOPES, Cache
 from hypernodes_dist.cache.units import parse_age, parse_size
 
 __all__ = ["build_parser", "main"]
@@ -32,7 +32,7 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-def _open_cache(target: str) -> Any:
+def _open_cache(target: str) -> Cache | None:
     """The cache at ``target`` (a URL or a directory holding a cache); ``None`` if there is none.
 
     Never creates anything: an ``ObjectStoreCache`` for URLs and for directories laid out by
@@ -47,7 +47,7 @@ def _open_cache(target: str) -> Any:
     return None
 
 
-def _with_cache(target: str, action: Callable[[Any], Any]) -> Any:
+def _with_cache(target: str, action: Callable[[Cache], Any]) -> Any:
     """``action(cache)`` on the cache at ``target`` (closed after); ``None`` if there is none."""
     cache = _open_cache(target)
     if cache is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines import resolve
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.runstate import RunState
@@ -38,7 +39,7 @@ class Graph:
         self,
         nodes: Sequence[HyperNode | Resource],
         engine: Engine | str | None = None,
-        cache: Any = None,
+        cache: Cache | None = None,
         callbacks: Sequence[Any] | None = None,
         checkpointer: Any = None,
         *,

@@ -23,6 +23,10 @@ included (a cached ``None`` is a hit). A backend promises:
 * **Read-only or full store.** Storage errors never reach the caller: a store that cannot be
   opened turns the cache off, a failing write turns writing off, with one ``RuntimeWarning``
   per cache instance. Unpicklable results are skipped with a ``RuntimeWarning`` naming the type.
+* **Bounded.** A backend may take ``size_limit`` (bytes or ``"10GB"``): it then evicts the
+  least recently used entries (recency: last read or write) to stay under it while maps
+  write from any number of processes. An evicted entry is a miss (recomputed), never wrong.
+  ``prune`` does the same on demand, by age and/or size (``hypernodes-dist cache prune``).
 * **Reachable from every worker.** ``prepare()`` runs in the driver before a map (it leaves a
   marker in the store); ``check_visible(worker)`` runs on a worker and raises
   :class:`CacheNotVisibleError` when this process cannot see the store the driver prepared
@@ -35,7 +39,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["Cache", "CacheNotVisibleError", "MISSING", "SCOPES", "Scope", "check_scope", "prepare_cache"]
+from hypernodes_dist.cache.store import Pruned
+
+__all__ = ["Cache", "CacheChecker", "CacheNotVisibleError", "MISSING", "SCOPES", "Scope",
+           "check_scope", "prepare_cache"]
 
 SCOPES = ("global", "session", "run")
 Scope = Literal["global", "session", "run"]
@@ -54,14 +61,18 @@ def check_scope(scope: str | None, allow_none: bool = False) -> None:
         raise ValueError(f"invalid cache scope {scope!r}; allowed scopes: {', '.join(SCOPES)}")
 
 
-def prepare_cache(cache: Any, engine: Any) -> None:
+class CacheChecker(Protocol):
+    """What ``prepare_cache`` needs of an engine (``engines.base.Engine`` implements it)."""
+
+    def check_cache(self, cache: Cache) -> None:
+        """Raise ``CacheNotVisibleError`` if a worker cannot see ``cache``."""
+        ...
+
+
+def prepare_cache(cache: Cache, engine: CacheChecker) -> None:
     """Driver side, before a map: the cache's marker, then the engine's check on its workers."""
-    prepare = getattr(cache, "prepare", None)
-    if prepare is not None:
-        prepare()
-    check = getattr(engine, "check_cache", None)
-    if check is not None:
-        check(cache)
+    cache.prepare()
+    engine.check_cache(cache)
 
 
 @runtime_checkable
@@ -84,6 +95,12 @@ class Cache(Protocol):
 
     def stats(self) -> dict[str, Any]:
         """At least ``entries``, ``size_bytes`` and ``by_node`` (node -> entries, bytes)."""
+        ...
+
+    def prune(self, older_than: float | str | None = None,
+              max_size: int | str | None = None) -> Pruned:
+        """Delete entries unused for ``older_than`` (seconds or ``"7d"``), then the least
+        recently used beyond ``max_size`` (bytes or ``"10GB"``); return what was removed."""
         ...
 
     def prepare(self) -> None:

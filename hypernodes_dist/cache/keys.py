@@ -13,8 +13,9 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import repeat
-from typing import Any
+from typing import Any, Protocol
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.cache.hashing import (
     UnhashableValueError,
     chain_id,
@@ -25,12 +26,25 @@ from hypernodes_dist.cache.hashing import (
     key_prefix,
     keys_from,
 )
-from hypernodes_dist.nodes import HyperNode
-from hypernodes_dist.plan import Plan
 
-__all__ = ["Keys", "KeyValues", "WriteBuffer", "batch_writes", "scope_token", "FLUSH_SECONDS"]
+__all__ = ["Keys", "KeyValues", "KeyedNode", "KeyedPlan", "WriteBuffer", "batch_writes",
+           "scope_token", "FLUSH_SECONDS"]
 
 FLUSH_SECONDS = 0.5  # finished work reaches the disk at least this often during a batch
+
+
+class KeyedNode(Protocol):
+    """What keys read of a node (``nodes.HyperNode``; the cache does not import upward)."""
+
+    name: str
+    params: tuple[str, ...]
+    defaults: dict[str, Any]
+
+
+class KeyedPlan(Protocol):
+    """What keys read of a plan (``plan.Plan``): the code identity of each cacheable node."""
+
+    def code_ids(self) -> dict[str, str]: ...
 
 
 def scope_token(scope: str, session_id: str, run_id: str) -> str | None:
@@ -45,15 +59,15 @@ def scope_token(scope: str, session_id: str, run_id: str) -> str | None:
 class Keys:
     """Key arithmetic for one plan and one cache."""
 
-    def __init__(self, plan: Plan, cache: Any) -> None:
+    def __init__(self, plan: KeyedPlan, cache: Cache | None) -> None:
         self.cache = cache
-        self.scope = getattr(cache, "scope", "global")
+        self.scope = cache.scope if cache is not None else "global"
         self.code_ids = plan.code_ids()
         self._layouts: dict[str, tuple[list[int], list[str]]] = {}
         self._prefixes: dict[tuple[str, str | None], str] = {}
         self._default_ids: dict[tuple[str, str], str] = {}
 
-    def cacheable(self, node: HyperNode) -> bool:
+    def cacheable(self, node: KeyedNode) -> bool:
         return node.name in self.code_ids
 
     @staticmethod
@@ -61,7 +75,7 @@ class Keys:
         return hash_value(value)
 
     @staticmethod
-    def input_id(node: HyperNode, param: str, value: Any) -> str:
+    def input_id(node: KeyedNode, param: str, value: Any) -> str:
         """``value_id`` of an argument; an unhashable one names the parameter and the node."""
         try:
             return hash_value(value)
@@ -71,21 +85,21 @@ class Keys:
                 f"key: {exc} (define __hypernodes_hash__ on its type, or cache=False on the node)"
             ) from exc
 
-    def default_id(self, node: HyperNode, param: str) -> str:
+    def default_id(self, node: KeyedNode, param: str) -> str:
         memo = (node.name, param)
         found = self._default_ids.get(memo)
         if found is None:
             found = self._default_ids[memo] = hash_value(node.defaults[param])
         return found
 
-    def _layout(self, node: HyperNode) -> tuple[list[int], list[str]]:
+    def _layout(self, node: KeyedNode) -> tuple[list[int], list[str]]:
         found = self._layouts.get(node.name)
         if found is None:
             perm = sorted(range(len(node.params)), key=lambda i: node.params[i])
             found = self._layouts[node.name] = (perm, [node.params[i] for i in perm])
         return found
 
-    def _prefix(self, node: HyperNode, token: str | None) -> str:
+    def _prefix(self, node: KeyedNode, token: str | None) -> str:
         memo = (node.name, token)
         found = self._prefixes.get(memo)
         if found is None:
@@ -94,14 +108,14 @@ class Keys:
                 self._prefixes[memo] = found
         return found
 
-    def key(self, node: HyperNode, arg_ids: Sequence[str], token: str | None) -> str:
+    def key(self, node: KeyedNode, arg_ids: Sequence[str], token: str | None) -> str:
         """The key of one execution; ``arg_ids`` in the node's parameter order."""
         perm = self._layout(node)[0]
         return key_from(self._prefix(node, token), [arg_ids[i] for i in perm])
 
     def column_keys(
         self,
-        node: HyperNode,
+        node: KeyedNode,
         arg_ids: Sequence[Sequence[str] | str],
         n: int,
         tokens: Sequence[str | None] | str | None,
@@ -131,7 +145,7 @@ class Keys:
         return chain_ids(keys, output)
 
     @staticmethod
-    def column_ids(node: HyperNode, param: str, values: Sequence[Any]) -> list[str] | None:
+    def column_ids(node: KeyedNode, param: str, values: Sequence[Any]) -> list[str] | None:
         """``input_id`` of a column of values at C speed; ``None`` if one is unhashable
         (the caller then goes item by item to fail only that item)."""
         try:
@@ -179,7 +193,7 @@ class WriteBuffer:
     than ``FLUSH_SECONDS`` of finished work waiting in memory (a crash loses at most that).
     Results are kept as two columns per node (no dict insert per result)."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: Cache) -> None:
         self.cache = cache
         self.items: dict[str, tuple[list[str], list[Any]]] = {}  # node -> (keys, values)
         self.last = time.monotonic()
@@ -235,7 +249,8 @@ class WriteBuffer:
 
 
 @contextmanager
-def batch_writes(cache: Any, shared: WriteBuffer | None) -> Iterator[WriteBuffer | None]:
+def batch_writes(cache: Cache | None, shared: WriteBuffer | None
+                 ) -> Iterator[WriteBuffer | None]:
     """The write buffer a batch uses: ``shared`` (its owner flushes it at the end; the batch
     only keeps the ``FLUSH_SECONDS`` promise) or a fresh one flushed when the batch ends,
     also when it raises. ``None`` without a cache."""

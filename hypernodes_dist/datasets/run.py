@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hypernodes_dist.cache.base import prepare_cache
+from hypernodes_dist.cache.base import Cache, prepare_cache
 from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask
 from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manifest
 from hypernodes_dist.datasets.result import DatasetResult
@@ -123,7 +123,7 @@ def run_dataset(
     select: Iterable[str] | None = None,
     on_error: str = "raise",
     progress: bool = False,
-    cache: Any = None,
+    cache: Cache | None = None,
     callbacks: Sequence[Any] = (),
 ) -> DatasetResult:
     """Run a map whose rows come from ``source`` (or dict inputs) and write them ``into``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.resources import release_resources
@@ -47,7 +48,7 @@ class Engine:
             return 100_000
         return max(1_000, partition_size(n, self.dataset_workers(), 4, max_size=100_000))
 
-    def check_cache(self, cache: Any) -> None:
+    def check_cache(self, cache: Cache) -> None:
         """Before a map: raise ``CacheNotVisibleError`` if a worker cannot see ``cache``
         (``cache.check_visible(worker)`` on every worker). Engines whose workers run on this
         machine have nothing to check; a cache still checks lazily in each worker process."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import cloudpickle
 
-from hypernodes_dist.cache.base import CacheNotVisibleError
+from hypernodes_dist.cache.base import Cache, CacheNotVisibleError
 from hypernodes_dist.errors import UnpicklableError
 from hypernodes_dist.plan import Plan
 
@@ -142,7 +142,7 @@ def check_picklable(value: Any, what: str, where: str) -> None:
 RunEverywhere = Callable[[Callable[..., Any], Any], Mapping[str, Any]]
 
 
-def cache_problem(cache: Any, worker: str | None = None) -> str | None:
+def cache_problem(cache: Cache, worker: str | None = None) -> str | None:
     """Runs on one worker: why it cannot see ``cache`` (``None``: it can)."""
     try:
         cache.check_visible(worker)
@@ -151,11 +151,9 @@ def cache_problem(cache: Any, worker: str | None = None) -> str | None:
     return None
 
 
-def check_cache_seen(cache: Any, run_everywhere: RunEverywhere, what: str) -> None:
+def check_cache_seen(cache: Cache, run_everywhere: RunEverywhere, what: str) -> None:
     """Raise ``CacheNotVisibleError`` naming the workers (``what``, e.g. "Dask worker")
-    that cannot see ``cache``; caches without ``check_visible`` are seen everywhere."""
-    if not hasattr(cache, "check_visible"):
-        return
+    that cannot see ``cache`` (``Cache.check_visible`` run on each of them)."""
     problems = {w: msg for w, msg in run_everywhere(cache_problem, cache).items() if msg}
     if problems:
         workers = ", ".join(sorted(problems))

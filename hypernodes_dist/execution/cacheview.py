@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.cache.keys import WriteBuffer
 from hypernodes_dist.plan import MISSING
 
@@ -25,7 +26,7 @@ class CacheView:
 
     __slots__ = ("cache", "writes", "running")
 
-    def __init__(self, cache: Any, writes: WriteBuffer | None,
+    def __init__(self, cache: Cache | None, writes: WriteBuffer | None,
                  running: dict[str, asyncio.Future[Any]] | None = None) -> None:
         self.cache = cache
         self.writes = writes

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
+from hypernodes_dist.cache.base import Cache
+
 __all__ = ["Parent", "PARENT", "worker_id"]
 
 _WORKER: tuple[int, str] | None = None
@@ -34,7 +36,7 @@ class Parent(NamedTuple):
     emit: Callable[[Any], Any] | None  # None: nobody listens to events
     session_id: str
     run_id: str
-    cache: Any = None
+    cache: Cache | None = None
     responses: dict[str, Any] | None = None  # interrupt name -> response (consumed when used)
     handlers: dict[str, Callable[[Any], Any]] | None = None
 

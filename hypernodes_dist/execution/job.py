@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.events import Event
 from hypernodes_dist.plan import MISSING, Plan
 from hypernodes_dist.results import NodeExecution
@@ -26,7 +27,7 @@ class BatchSettings:
     run_prefix: str
     select: tuple[str, ...] | None = None
     on_error: str = "raise"
-    cache: Any = None
+    cache: Cache | None = None
     want_events: bool = False
     concurrency: int | None = None  # async node calls in flight per batch (None: the batch)
     # a nested graph's run (Graph.as_node): interrupt answers, by interrupt name

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.execution.invoke import split_outputs
 from hypernodes_dist.execution.runstate import RunState
 from hypernodes_dist.results import NodeExecution
@@ -193,7 +194,8 @@ def restore(ckpt: Checkpoint) -> RunState:
     )
 
 
-def refetch(plan: Plan, state: RunState, cache: Any, names: Iterable[str] | None = None) -> None:
+def refetch(plan: Plan, state: RunState, cache: Cache | None,
+            names: Iterable[str] | None = None) -> None:
     """Bring dropped outputs back into ``state.values`` from ``cache`` (misses stay absent)."""
     if cache is None or not state.dropped:
         return

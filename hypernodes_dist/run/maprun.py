@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hypernodes_dist.cache.base import prepare_cache
+from hypernodes_dist.cache.base import Cache, prepare_cache
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
@@ -27,7 +27,7 @@ def run_map(
     select: Iterable[str] | None = None,
     on_error: str = "raise",
     progress: bool = False,
-    cache: Any = None,
+    cache: Cache | None = None,
     callbacks: Sequence[Any] = (),
 ) -> MapResult:
     """Run every item of a map on ``engine``; results in item order."""

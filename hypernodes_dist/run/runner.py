@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.cache.keys import Keys
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.events import Dispatcher, Event, RunEndEvent, RunStartEvent, StateSnapshotEvent
@@ -33,7 +34,7 @@ class RunnableGraph(Protocol):
 
     plan: Plan
     engine: Engine
-    cache: Any
+    cache: Cache | None
     callbacks: list[Any]
     checkpointer: Any
     handlers: dict[str, Callable[[Any], Any]]

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 import daft
 from daft import DataType, col
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.kit import (
     check_cache_seen,
@@ -153,7 +154,7 @@ class DaftEngine(Engine):
 
             run_dataset_ray(job, report, in_flight=2 * _ray_cpus())
 
-    def check_cache(self, cache: Any) -> None:
+    def check_cache(self, cache: Cache) -> None:
         """On Ray, every node must see the driver's cache store (checked on each node)."""
         if self.runner == "ray":
             from .on_ray import run_everywhere

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from dask.task_spec import DataNode, Task, TaskRef
 
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.kit import (
     check_cache_seen,
@@ -204,7 +205,7 @@ class DaskEngine(Engine):
         return self.partition_size or super().dataset_part_rows(n)
 
     # ------------------------------------------------------------------ map
-    def check_cache(self, cache: Any) -> None:
+    def check_cache(self, cache: Cache) -> None:
         """On a cluster, every worker must see the driver's cache store (a ``DiskCache`` on
         another machine would silently start empty there): checked on each worker now."""
         if self.scheduler == "distributed":
