@@ -21,8 +21,9 @@ per batch costs one insert per node and batch, whatever the batch size.
   the write or of the last batched ``touch``) until the new one fits with a tenth of the limit
   spare, and inserts it, so the limit holds at every commit whatever the number of writing
   processes. Freed pages are reused by the next writes; ``prune`` also gives them back to the
-  file system (incremental vacuum) and truncates the WAL, which is kept under an eighth of the
-  limit. The file on disk exceeds the limit only by SQLite's page slack.
+  file system (incremental vacuum). The WAL is truncated after each eviction and whenever it
+  passes 1/16 of the limit (4 to 64 MiB). The directory exceeds the limit by that WAL and
+  SQLite's page slack (less than one 64 KiB page per segment).
 * **Limits.** One segment is at most ~64 MiB; a single value must stay under SQLite's 1 GB
   blob limit (larger ones are not cached, with a warning).
 """
@@ -159,7 +160,7 @@ class _SQLiteStore:
                     spare = self.size_limit // 10
                     evicted = _evict_lru(con, total, self.size_limit - spare - packed.nbytes)
                 ref = int(con.execute(insert, row).lastrowid or 0)
-            if evicted.segments or self._wal_bytes() > max(4 << 20, self.size_limit // 8):
+            if evicted.segments or self._wal_bytes() > _wal_budget(self.size_limit):
                 _reset_wal(con)  # the WAL stays a small part of the limit
             return Stored(ref, len(packed.data))
 
@@ -317,6 +318,11 @@ class _transaction:
 
     def __exit__(self, kind: object, *exc: object) -> None:
         self.con.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def _wal_budget(size_limit: int) -> int:
+    """The WAL's share of a size limit: 1/16 of it, between 4 and 64 MiB."""
+    return min(64 << 20, max(4 << 20, size_limit // 16))
 
 
 def _reset_wal(con: sqlite3.Connection, tries: int = 20) -> None:
