@@ -75,6 +75,7 @@ class HyperNode:
         concurrency: int | None = None,
         rate_limit: Any = None,
         retry_on: Any = Exception,
+        batch_size: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"node name must be a non-empty string, got {name!r}")
@@ -105,6 +106,7 @@ class HyperNode:
             inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
         )
         self.streaming = bool(streaming) or self.is_generator
+        self.batch_size = _batch_size(name, batch_size, self.streaming)
         # a stream that yields nothing is the empty value of its kind ([], "", b"", {})
         self.empty: type = _stream_kind(func) if self.streaming and func is not None else list
 
@@ -121,6 +123,18 @@ class HyperNode:
     def __repr__(self) -> str:
         outs = ", ".join(self.outputs)
         return f"{type(self).__name__}({self.name!r}, params={list(self.params)}, outputs=[{outs}])"
+
+
+def _batch_size(name: str, size: Any, streaming: bool) -> int | None:
+    """A valid ``batch_size`` (``None``: called once per item)."""
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"node {name!r}: batch_size must be None or an int >= 1, got {size!r}")
+    if streaming:
+        raise ValueError(f"node {name!r}: a streaming node cannot have a batch_size (its "
+                         "chunks belong to one item); drop batch_size or streaming")
+    return size
 
 
 def _by_reference(func: Callable[..., Any] | None) -> Callable[..., Any] | None:
@@ -293,6 +307,7 @@ def node(
     concurrency: int | None = None,
     rate_limit: Any = None,
     retry_on: Any = Exception,
+    batch_size: int | None = None,
 ) -> Any:
     """Make a function a graph node writing ``output_name`` (a tuple return is unpacked).
 
@@ -303,6 +318,11 @@ def node(
     ``concurrency`` caps overlapping calls and ``rate_limit`` (``"100/minute"`` or
     ``(count, seconds)``) spaces call starts, across all processes of the machine (and of a
     Dask ``distributed`` cluster).
+
+    ``batch_size=N``: a batch node. Each call receives, for every parameter that is not a
+    resource, a list of up to N items' values (item order) and returns one value per item
+    (a list; a tuple of lists for several outputs); cache, errors and events stay per item,
+    policies apply per call (``hypernodes_dist.execution.batching``).
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionNode:
@@ -314,6 +334,7 @@ def node(
             outputs=_outputs(output_name, node_name), tags=tags, cache=cache,
             streaming=streaming, retries=retries, backoff=backoff, timeout=timeout,
             version=version, concurrency=concurrency, rate_limit=rate_limit, retry_on=retry_on,
+            batch_size=batch_size,
         )
 
     return wrap(func) if func is not None else wrap

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.batching import item_window
 from hypernodes_dist.execution.flow import ItemFlow, drive
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.syncio import run_sync
@@ -83,7 +84,8 @@ class GraphEngine(Engine):
                 if flow.pending == 0:
                     sink(flow.finish())
 
-            await drive(items(), asyncio.Semaphore(self.batch_size), done)
+            window = item_window(job.plan, self.batch_size)  # batch nodes: calls, not items
+            await drive(items(), asyncio.Semaphore(window), done)
 
     def __repr__(self) -> str:
         return (

@@ -23,6 +23,7 @@ from operator import itemgetter
 from typing import Any
 
 from hypernodes_dist.cache.keys import FLUSH_SECONDS
+from hypernodes_dist.execution.batching import call_column
 from hypernodes_dist.execution.context import PARENT, Parent
 from hypernodes_dist.execution.guard import Guard, timed_call
 from hypernodes_dist.execution.invoke import join_chunks
@@ -62,6 +63,8 @@ class ColumnCalls:
     async def _call(self, node: HyperNode, todo: Sequence[int], persist: Persist | None) -> list[Any]:
         if not todo:
             return []
+        if node.batch_size is not None:
+            return await self._call_batches(node, todo, persist)
         fn = _positional(node)
         guard = self._guard(node) if node.policy is not None else None  # policies.py
         if node.is_async or (node.streaming and not node.is_generator):
@@ -103,6 +106,32 @@ class ColumnCalls:
             start = stop
         _close(spans, len(out))
         _SLICES[node] = size
+        return out
+
+    async def _call_batches(self, node: HyperNode, todo: Sequence[int],
+                            persist: Persist | None) -> list[Any]:
+        """A batch node's calls over ``todo`` (``batching.py``); failures recorded per item,
+        results handed to the cache after each call."""
+        guard = self._guard(node) if node.policy is not None else None
+        n = len(todo)
+        out: list[Any] = [MISSING] * n
+        clock = Clock()
+        clock.starts, clock.ends = array("d", bytes(8 * n)), array("d", bytes(8 * n))
+
+        def on_call(at: int, items: Sequence[int], values: list[Any], start: float,
+                    end: float) -> None:
+            for k, (i, value) in enumerate(zip(items, values), at):
+                if isinstance(value, Exception):
+                    self._record_failure(node, i, value)
+                else:
+                    out[k] = value
+                clock.starts[k], clock.ends[k] = start, end
+            if persist is not None:
+                persist(items, out[at:at + len(items)])
+
+        self.timing[node.name] = (todo, clock)
+        await call_column(node, todo, self._args(node, todo), guard, self.chunk.offset,
+                          self.settings.concurrency, on_call)
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],

@@ -27,6 +27,7 @@ from typing import Any
 
 from hypernodes_dist.cache.keys import WriteBuffer, scope_token
 from hypernodes_dist.events import NodeColumns
+from hypernodes_dist.execution.batching import fill, item_window
 from hypernodes_dist.execution.calls import Clock
 from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import PARENT, worker_id
@@ -68,7 +69,8 @@ class ItemFlow(Columnar):
 
     async def run(self) -> BatchResult:
         """Every item of the batch, at most ``settings.concurrency`` (default: all) at once."""
-        window = asyncio.Semaphore(self.settings.concurrency or self.n)
+        calls = self.settings.concurrency
+        window = asyncio.Semaphore(item_window(self.plan, calls) if calls else self.n)
         await drive(((self, i) for i in range(self.n)), window)
         return self.finish()
 
@@ -128,15 +130,19 @@ class ItemFlow(Columnar):
         nested = None
         if node.nests:  # inner runs are children of the item's run (events, cache, session)
             nested = PARENT.set(self._parent(i))
+        t1 = None
         try:
-            value, t0 = await timed_call(node, kwargs, guard, self.chunk.offset + i)
+            if node.batch_size is not None:  # the item joins a shared call (batching.py)
+                value, t0, t1 = await fill(node, kwargs, guard, self.chunk.offset + i)
+            else:
+                value, t0 = await timed_call(node, kwargs, guard, self.chunk.offset + i)
         except Exception as exc:
             self._record_failure(node, i, exc)
             return
         finally:
             if nested is not None:
                 PARENT.reset(nested)
-        self.last = (t0, time.perf_counter())
+        self.last = (t0, t1 or time.perf_counter())
         self._timed(node.name, i, *self.last)
         if key is not None:
             self.view.write(node.name, key, value)

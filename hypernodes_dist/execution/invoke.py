@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from hypernodes_dist.execution.batchcall import call_single
 from hypernodes_dist.nodes import HyperNode
 
 __all__ = ["join_chunks", "split_outputs", "call_node", "OutputShapeError"]
@@ -63,6 +64,8 @@ async def call_node(node: HyperNode, kwargs: dict[str, Any], on_chunk: ChunkSink
     can be driven without an event loop); async functions are awaited. ``on_chunk`` receives
     each streamed chunk with its index; it may return an awaitable.
     """
+    if node.batch_size is not None:  # one item as one-item lists
+        return await call_single(node, kwargs)
     result = node.func(**kwargs)  # type: ignore[misc]
     if inspect.isawaitable(result) and not inspect.isasyncgen(result):
         result = await result

@@ -11,6 +11,7 @@ from typing import Any
 
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.events import Event
+from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.plan import MISSING, Plan
 from hypernodes_dist.results import NodeExecution
 
@@ -149,7 +150,8 @@ class MapJob:
         return Chunk(start, stop - start, cols, self.broadcast)
 
     def bounds(self, size: int) -> Iterator[tuple[int, int]]:
-        """``(start, stop)`` of consecutive chunks of at most ``size`` items."""
-        size = max(1, int(size))
+        """``(start, stop)`` of consecutive chunks of at most ``size`` items (rounded up to
+        a multiple of the plan's largest ``batch_size``: full batch-node calls)."""
+        size = fit_size(self.plan, size)
         for start in range(0, self.n, size):
             yield start, min(start + size, self.n)

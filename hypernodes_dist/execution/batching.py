@@ -1,0 +1,249 @@
+"""Batch nodes (``@node(batch_size=N)``): many items per call, everything else per item.
+
+How every executor fills a batch node's calls (one call's arguments and return checks are
+``batchcall.py``'s; ``run()``/``iter()`` and the reactive scheduler call it with one-item
+lists through ``invoke.call_node`` -> ``batchcall.call_single``):
+
+- ``call_column``: the columnar strategy's items of one node, cut into calls of at most
+  ``batch_size`` items in item order (cache hits and duplicates were already taken out);
+  async calls run concurrently, at most ``settings.concurrency`` calls in flight.
+- ``fill``: the item flow's items, one at a time as they reach the node: the first item
+  waiting opens a call that closes when ``batch_size`` items wait or ``FILL_SECONDS`` after
+  it opened, whichever comes first (items of every batch of the flow on this event loop
+  share calls).
+
+A call passes, for every parameter that is not a resource, the list of its items' values
+(``batched``); inputs a resource reads are taken from the call's first item (they are
+broadcast values). It returns one value per item: a list (or an Arrow/NumPy array), a tuple
+of lists for several outputs. An ``Exception`` instance in an item's slot fails that item
+alone; a call that raises fails each of its items (each gets its own copy of the error);
+a return of another length fails every item of the call (``BatchLengthError``). Policies
+wrap the call: one retry re-runs the whole call, one concurrency slot and one rate-limit
+turn per call. Engines cut their batches to multiples of the largest ``batch_size``
+(``fit_size``) so calls are full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from hypernodes_dist.execution.batchcall import call_kwargs, each_item, invoke, unpack
+from hypernodes_dist.execution.guard import Attempts, Guard
+from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.plan import Plan
+
+__all__ = ["FILL_SECONDS", "run_call", "call_column", "fill", "fit_size", "largest_batch",
+           "item_window"]
+
+FILL_SECONDS = 0.010  # how long a flowing map's open call waits for more items
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def largest_batch(plan: Plan) -> int:
+    """The largest ``batch_size`` of the plan's nodes (0: no batch node)."""
+    return max((n.batch_size or 0 for n in plan.nodes), default=0)
+
+
+def fit_size(plan: Plan, size: int) -> int:
+    """``size`` (items per engine batch: chunk, partition, Daft UDF batch) rounded up to a
+    multiple of the plan's largest ``batch_size``, so its calls are full."""
+    largest = largest_batch(plan)
+    size = max(1, int(size))
+    if largest <= 1:
+        return size
+    return -(-size // largest) * largest
+
+
+def item_window(plan: Plan, calls: int) -> int:
+    """Items a flowing map keeps in flight for a window of ``calls`` calls: a batch node's
+    call holds up to ``batch_size`` items."""
+    return max(1, calls) * max(1, largest_batch(plan))
+
+
+async def run_call(node: HyperNode, columns: Sequence[list[Any]], n: int,
+                   guard: Guard | None, item: int, blocking: bool) -> tuple[list[Any], float]:
+    """One call over ``n`` items under the node's ``guard``: ``(values, start)``, the start
+    of the successful attempt. ``blocking``: the caller has no event loop (sync nodes)."""
+    kwargs = call_kwargs(node, columns)
+    if guard is None:
+        start = time.perf_counter()
+        return unpack(node, await invoke(node, kwargs), n), start
+    timing = Attempts()
+    value = await guard.run(lambda: invoke(node, kwargs), item, blocking=blocking,
+                            timing=timing)
+    return unpack(node, value, n), timing.start
+
+
+# ----------------------------------------------------------------------------- columns
+
+
+def _groups(todo: Sequence[int], size: int) -> list[Sequence[int]]:
+    return [todo[k:k + size] for k in range(0, len(todo), size)]
+
+
+OnCall = Callable[[int, Sequence[int], list[Any], float, float], None]
+
+
+async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[Any]],
+                      guard: Guard | None, first: int, limit: int | None,
+                      on_call: OnCall) -> None:
+    """Calls over the items ``todo`` (argument iterators ``its``, one per parameter), in
+    item order; after each, ``on_call(at, items, values, start, end)``: the call's items
+    (``todo[at:at + len(items)]``), per item its value or an ``Exception`` (its failure). ``first``: the chunk's offset (item numbers in policy
+    events); ``limit``: async calls in flight (``None``: all)."""
+    columns = [list(it) for it in its]
+    size = node.batch_size or 1
+    groups = [range(k, min(k + size, len(todo))) for k in range(0, len(todo), size)]
+    blocking = not (node.is_async or node.streaming)
+
+    async def one(group: range) -> None:
+        cols = [col[group.start:group.stop] for col in columns]
+        items = todo[group.start:group.stop]
+        try:
+            values, start = await run_call(node, cols, len(group), guard, first + items[0],
+                                           blocking)
+        except Exception as exc:
+            start, values = time.perf_counter(), each_item(exc, len(group))
+        on_call(group.start, items, values, start, time.perf_counter())
+
+    if blocking:
+        for group in groups:
+            await one(group)
+        return
+    sem = asyncio.Semaphore(limit or len(groups) or 1)
+
+    async def bounded(group: range) -> None:
+        async with sem:
+            await one(group)
+
+    await asyncio.gather(*map(bounded, groups))
+
+
+# ----------------------------------------------------------------------------- flows
+
+
+class _Call:
+    """Items waiting to enter one call (flows): their arguments, numbers and futures."""
+
+    __slots__ = ("rows", "items", "futures", "guard", "task")
+
+    def __init__(self, guard: Guard | None) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.items: list[int] = []
+        self.futures: list[asyncio.Future[Any]] = []
+        self.guard = guard
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Filler:
+    """Fills the calls of one batch node on one event loop (see the module docstring)."""
+
+    def __init__(self, node: HyperNode, loop: asyncio.AbstractEventLoop) -> None:
+        self.node, self.loop = node, loop
+        self.open: _Call | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.running: set[_Call] = set()
+
+    def submit(self, kwargs: dict[str, Any], guard: Guard | None, item: int
+               ) -> tuple[_Call, asyncio.Future[Any]]:
+        call = self.open
+        if call is None:
+            call = self.open = _Call(guard)
+            self.timer = self.loop.call_later(FILL_SECONDS, self.close)
+        future = self.loop.create_future()
+        call.rows.append(kwargs)
+        call.items.append(item)
+        call.futures.append(future)
+        if len(call.rows) >= (self.node.batch_size or 1):
+            self.close()
+        return call, future
+
+    def close(self) -> None:
+        """Send the open call (full, or its wait is over)."""
+        call, self.open = self.open, None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if call is None:
+            return
+        self.running.add(call)
+        call.task = self.loop.create_task(self._run(call))
+
+    async def _run(self, call: _Call) -> None:
+        node = self.node
+        live = [k for k, f in enumerate(call.futures) if not f.done()]  # not cancelled
+        try:
+            if not live:
+                return
+            cols = [[call.rows[k][p] for k in live] for p in node.params]
+            try:
+                values, start = await run_call(node, cols, len(live), call.guard,
+                                               call.items[live[0]], False)
+            except Exception as exc:
+                start, values = time.perf_counter(), each_item(exc, len(live))
+            end = time.perf_counter()
+            for k, value in zip(live, values):
+                if not call.futures[k].done():
+                    call.futures[k].set_result((value, start, end))
+        finally:
+            self.running.discard(call)
+            self._forget()
+
+    def cancelled(self, call: _Call) -> None:
+        """An item stopped waiting: a call none of whose items waits any more stops."""
+        if all(f.done() for f in call.futures):
+            if call is self.open:
+                self.open = None
+                if self.timer is not None:
+                    self.timer.cancel()
+                    self.timer = None
+                self._forget()
+            elif call.task is not None:
+                call.task.cancel()
+
+    def _forget(self) -> None:
+        if self.open is None and not self.running:
+            with _lock:
+                per_loop = _FILLERS.get(self.node)
+                if per_loop is not None and per_loop.get(self.loop) is self:
+                    del per_loop[self.loop]
+
+
+_FILLERS: weakref.WeakKeyDictionary[HyperNode, dict[asyncio.AbstractEventLoop, _Filler]] = (
+    weakref.WeakKeyDictionary())
+_lock = threading.Lock()
+
+
+def _filler(node: HyperNode) -> _Filler:
+    loop = asyncio.get_running_loop()
+    with _lock:
+        per_loop = _FILLERS.setdefault(node, {})
+        found = per_loop.get(loop)
+        if found is None:
+            found = per_loop[loop] = _Filler(node, loop)
+    return found
+
+
+async def fill(node: HyperNode, kwargs: dict[str, Any], guard: Guard | None,
+               item: int) -> tuple[Any, float, float]:
+    """Item ``item``'s value through a shared call of ``node`` (flows): ``(value, start,
+    end)`` of its call; raises the item's error."""
+    filler = _filler(node)
+    call, future = filler.submit(kwargs, guard, item)
+    try:
+        value, start, end = await future
+    except asyncio.CancelledError:
+        future.cancel()
+        filler.cancelled(call)
+        raise
+    if isinstance(value, Exception):
+        raise value
+    return value, start, end
+
