@@ -8,8 +8,9 @@ Workload: N spawned processes share one directory with a size limit; each writes
 (one ``set`` / one ``set_many`` of a value of SEG bytes: one node's batch of results) and after
 each write reads back R segments it wrote earlier (the reads must keep those recent). Reported:
 writes/s and reads/s over all processes, the largest stored size any writer saw right after a
-write (``diskcache``: ``volume()``; ``DiskCache``: the segments' bytes and the file), and how
-many of the last-written segments are still there (recency kept).
+write (``diskcache``: ``volume()``; ``DiskCache``: the segments' bytes and the directory's
+files), and how many of its last R segments each writer still finds when it is done (others
+keep writing meanwhile: the least recently used of a finished writer may go, as they should).
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ def _stored(path: str) -> tuple[int, int]:
         (total,) = con.execute("SELECT nbytes FROM hn_total").fetchone()
     finally:
         con.close()
-    files = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    files = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                files += os.path.getsize(os.path.join(root, name))
+            except OSError:  # evicted meanwhile
+                pass
     return int(total), files
 
 

@@ -205,3 +205,28 @@ def test_forked_writers_share_the_limit(kind: str, tmp_path: pathlib.Path) -> No
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
     assert stored_bytes(backend(kind), tmp_path / "c") <= limit
+
+
+def test_large_segments_are_files_that_go_with_their_rows(tmp_path: pathlib.Path) -> None:
+    """A DiskCache keeps segments of 64 KiB or more in files: eviction and pruning delete
+    them, a file gone under a reader is a miss, a file no row names (a writer killed between
+    file and row) is removed by prune once an hour old."""
+    path = tmp_path / "c"
+    cache = DiskCache(path, size_limit=400_000)
+    blobs = {f"k{b}": os.urandom(100_000) for b in range(20)}
+    for key, blob in blobs.items():
+        cache.set_many({key: blob}, node="n")
+    files = sorted((path / "segments").glob("*.seg"))
+    assert 0 < len(files) <= 4 and stored_bytes(DiskCache, path) <= 400_000
+    found = cache.get_many(list(blobs), node="n")
+    assert found and all(found[k] == blobs[k] for k in found) and "k19" in found
+    for f in files:
+        f.unlink()  # what another process's eviction does
+    assert DiskCache(path).get_many(list(blobs), node="n") == {}
+    orphan = path / "segments" / "0123.seg"
+    orphan.write_bytes(b"half a segment")
+    young = path / "segments" / "4567.seg"
+    young.write_bytes(b"being written")
+    os.utime(orphan, (time.time() - 7200, time.time() - 7200))
+    DiskCache(path).prune(max_size=1)
+    assert sorted(p.name for p in (path / "segments").iterdir()) == ["4567.seg"]

@@ -118,11 +118,28 @@ KILLED_WRITERS: list[int] = []
 
 
 def _segments(path: Path) -> list[tuple[int, int]]:
+    """``(id, bytes of data)`` of every segment (in the database or in its own file)."""
     con = sqlite3.connect(path / "hn-cache.db")
     try:
-        return con.execute("SELECT id, length(data) FROM hn_segments ORDER BY id").fetchall()
+        return con.execute("SELECT id, nbytes - length(idx) FROM hn_segments ORDER BY id"
+                           ).fetchall()
     finally:
         con.close()
+
+
+def _damage(path: Path, ref: int, how) -> None:
+    """Rewrite one segment's stored data with ``how(bytes) -> bytes``, where it lives: the
+    row's blob, or the segment's file (large segments)."""
+    con = sqlite3.connect(path / "hn-cache.db")
+    with con:
+        data, file = con.execute("SELECT data, file FROM hn_segments WHERE id = ?",
+                                 (ref,)).fetchone()
+        if file:
+            target = path / "segments" / file
+            target.write_bytes(how(target.read_bytes()))
+        else:
+            con.execute("UPDATE hn_segments SET data = ? WHERE id = ?", (how(data), ref))
+    con.close()
 
 
 @pytest.mark.parametrize("engine", ["local", "dask-sync"])
@@ -139,15 +156,11 @@ def test_truncated_and_garbage_entries_are_recomputed(tmp_path, engine):
     large = [i for i, n in segments if n >= BIG]
     assert len(small) == len(large) == len(xs)
 
-    con = sqlite3.connect(path / "hn-cache.db")
-    with con:  # truncated, garbage bytes, a flipped last byte, emptied: small and large alike
-        for ids in (small, large):
-            con.execute("UPDATE hn_segments SET data = substr(data, 1, 10) WHERE id = ?", (ids[0],))
-            con.execute("UPDATE hn_segments SET data = ? WHERE id = ?", (b"\x00garbage" * 9, ids[1]))
-            con.execute("UPDATE hn_segments SET data = substr(data, 1, length(data) - 1) || x'ff' "
-                        "WHERE id = ?", (ids[2],))
-            con.execute("UPDATE hn_segments SET data = x'' WHERE id = ?", (ids[3],))
-    con.close()
+    for ids in (small, large):  # truncated, garbage, a flipped last byte, emptied: both sizes
+        _damage(path, ids[0], lambda data: data[:10])
+        _damage(path, ids[1], lambda data: b"\x00garbage" * 9)
+        _damage(path, ids[2], lambda data: data[:-1] + b"\xff")
+        _damage(path, ids[3], lambda data: b"")
 
     for size, bad in ((64, 4), (BIG, 4)):
         calls = Calls()
