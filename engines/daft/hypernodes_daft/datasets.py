@@ -36,6 +36,7 @@ from daft.functions import monotonically_increasing_id
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.engines.kit import partition_size
+from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.context import worker_id
 
 from .udf import apply_udf, consecutive_runs
@@ -113,7 +114,7 @@ def _compute_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
     with _lock:
         _MAIL[token] = []
     names = list(task.mapping)
-    size = batch_size or partition_size(part.n, _cpus(), 2)
+    size = fit_size(task.plan, batch_size or partition_size(part.n, _cpus(), 2))
     udf = daft.func.batch(
         return_dtype=DataType.from_arrow_type(pa.struct(task.computed_fields)), unnest=True,
         batch_size=size, use_process=False)(_make_udf(task, part.offset - first, names, token))
