@@ -109,7 +109,7 @@ def _cache_prune(args: argparse.Namespace) -> int:
     if args.max_size is not None:
         why.append(f"least recently used beyond {args.max_size}")
     print(f"removed {removed.segments} segments ({removed.entries} entries, "
-          f"{_human(removed.nbytes)}; {' or '.join(why)}) from {args.path}")
+          f"{_human(removed.nbytes)}; {' or '.join(why)}) from {args.path.split('?', 1)[0]}")
     if stats.get("enabled"):
         kept = sum(row["bytes"] for row in stats["by_node"].values())
         print(f"kept {stats['entries']} entries, {_human(kept)} in segments "

@@ -254,3 +254,46 @@ def test_eight_processes_writing_to_s3_lose_nothing(s3_url):
     assert len(got) == 800 and got["w5-42"] == {"worker": 5, "i": 42}
     assert ObjectStoreCache(s3_url).stats()["entries"] == 800
 
+
+
+def _s3_bytes(url: str) -> int:
+    """Bytes of the segments and indexes under an S3 cache URL (one LIST)."""
+    import pyarrow.fs as pafs
+
+    fs, root = pafs.FileSystem.from_uri(url)
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    return sum(i.size or 0 for i in infos if i.path.endswith((".seg", ".idx")))
+
+
+def _s3_limited_writer(url: str, worker: int, batches: int, limit: int) -> int:
+    cache = ObjectStoreCache(url, size_limit=limit)
+    for b in range(batches):
+        cache.set_many({f"w{worker}-{b}-{i}": f"{worker}-{b}-{i}:" + "v" * 2000
+                        for i in range(5)}, node="n")
+        cache.get_many([f"w{worker}-0-{i}" for i in range(5)], node="n")
+    cache.close()
+    return worker
+
+
+@pytest.mark.timeout(300)
+def test_s3_size_limit_with_processes_and_prune_from_the_cli(s3_url):
+    """Four processes ("machines": they share only the bucket) write 30 batches each into a
+    60 KB S3 cache: afterwards it holds at most the limit, what is left reads back right, and
+    ``hypernodes-dist cache prune URL --max-size`` trims it further, printing what it did."""
+    limit = 60_000
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        assert sorted(pool.starmap(_s3_limited_writer,
+                                   [(s3_url, w, 30, limit) for w in range(4)])) == [0, 1, 2, 3]
+    assert 0 < _s3_bytes(s3_url) <= limit
+    keys = [f"w{w}-{b}-{i}" for w in range(4) for b in range(30) for i in range(5)]
+    found = ObjectStoreCache(s3_url).get_many(keys, node="n")
+    assert 0 < len(found) < len(keys)
+    assert all(v == f"{k[1:]}:" + "v" * 2000 for k, v in found.items())
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-m", "hypernodes_dist.cli", "cache", "prune", s3_url,
+                          "--max-size", "20KB"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("removed ") and "beyond 20KB" in out.stdout
+    assert _s3_bytes(s3_url) <= 20_000
