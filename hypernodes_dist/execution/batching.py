@@ -130,9 +130,10 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
 
 
 class _Call:
-    """Items waiting to enter one call (flows): their arguments, numbers and futures."""
+    """Items waiting to enter one call (flows): their arguments, numbers and futures;
+    ``twins``: items of other batches with the key of a slot, served by that slot."""
 
-    __slots__ = ("rows", "items", "futures", "guard", "task")
+    __slots__ = ("rows", "items", "futures", "guard", "task", "twins")
 
     def __init__(self, guard: Guard | None) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -140,6 +141,12 @@ class _Call:
         self.futures: list[asyncio.Future[Any]] = []
         self.guard = guard
         self.task: asyncio.Task[None] | None = None
+        self.twins: dict[int, list[asyncio.Future[Any]]] = {}
+
+    def waiting(self) -> bool:
+        """Whether an item still waits for this call."""
+        return not all(f.done() for f in self.futures) or any(
+            not f.done() for twins in self.twins.values() for f in twins)
 
 
 class _Filler:
@@ -150,14 +157,22 @@ class _Filler:
         self.open: _Call | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.running: set[_Call] = set()
+        self.keys: dict[str, tuple[_Call, int]] = {}  # cache key -> the slot computing it
 
-    def submit(self, kwargs: dict[str, Any], guard: Guard | None, item: int
-               ) -> tuple[_Call, asyncio.Future[Any]]:
+    def submit(self, kwargs: dict[str, Any], guard: Guard | None, item: int,
+               key: str | None) -> tuple[_Call, asyncio.Future[Any]]:
+        future = self.loop.create_future()
+        if key:
+            found = self.keys.get(key)
+            if found is not None:  # an identical item is in a call: it enters once
+                found[0].twins.setdefault(found[1], []).append(future)
+                return found[0], future
         call = self.open
         if call is None:
             call = self.open = _Call(guard)
             self.timer = self.loop.call_later(FILL_SECONDS, self.close)
-        future = self.loop.create_future()
+        if key:
+            self.keys[key] = (call, len(call.rows))
         call.rows.append(kwargs)
         call.items.append(item)
         call.futures.append(future)
@@ -190,20 +205,28 @@ class _Filler:
                 start, values = time.perf_counter(), each_item(exc, len(live))
             end = time.perf_counter()
             for k, value in zip(live, values):
-                if not call.futures[k].done():
-                    call.futures[k].set_result((value, start, end))
+                futures = [call.futures[k], *call.twins.get(k, ())]
+                each = each_item(value, len(futures)) if isinstance(value, Exception) else (
+                    [value] * len(futures))
+                for future, one in zip(futures, each):
+                    if not future.done():
+                        future.set_result((one, start, end))
         finally:
             self.running.discard(call)
+            for key in [k for k, (c, _) in self.keys.items() if c is call]:
+                del self.keys[key]
             self._forget()
 
     def cancelled(self, call: _Call) -> None:
         """An item stopped waiting: a call none of whose items waits any more stops."""
-        if all(f.done() for f in call.futures):
+        if not call.waiting():
             if call is self.open:
                 self.open = None
                 if self.timer is not None:
                     self.timer.cancel()
                     self.timer = None
+                for key in [k for k, (c, _) in self.keys.items() if c is call]:
+                    del self.keys[key]
                 self._forget()
             elif call.task is not None:
                 call.task.cancel()
@@ -232,11 +255,12 @@ def _filler(node: HyperNode) -> _Filler:
 
 
 async def fill(node: HyperNode, kwargs: dict[str, Any], guard: Guard | None,
-               item: int) -> tuple[Any, float, float]:
+               item: int, key: str | None = None) -> tuple[Any, float, float]:
     """Item ``item``'s value through a shared call of ``node`` (flows): ``(value, start,
-    end)`` of its call; raises the item's error."""
+    end)`` of its call; raises the item's error. Items with one cache ``key`` share a
+    slot (identical keys enter once, across the batches of the flow)."""
     filler = _filler(node)
-    call, future = filler.submit(kwargs, guard, item)
+    call, future = filler.submit(kwargs, guard, item, key)
     try:
         value, start, end = await future
     except asyncio.CancelledError:

@@ -1,0 +1,153 @@
+"""Batch nodes of the conformance suite (module level: worker processes import them).
+
+Every call appends one JSON line to ``<log_dir>/<tag>.calls``: the texts it received (in
+order) and its pid. Worker processes share no memory with the driver, so the tests read
+the calls back from these files. ``log_dir`` is an input like any other: a batch node
+receives it as a list (one entry per item), hence ``log_dir[0]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from hypernodes_dist import Graph, node, resource
+
+B = 4  # batch_size of every batch node here
+
+
+def _append(path: Path, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def record(log_dir: list[str], tag: str, texts: list[str]) -> None:
+    assert len(set(log_dir)) == 1, "a broadcast input is the same in every slot"
+    _append(Path(log_dir[0]) / f"{tag}.calls", json.dumps({"texts": texts, "pid": os.getpid()}))
+
+
+def calls(log_dir: str, tag: str) -> list[list[str]]:
+    """The texts of each call of ``tag`` so far, in the order they were recorded."""
+    path = Path(log_dir) / f"{tag}.calls"
+    if not path.exists():
+        return []
+    return [json.loads(line)["texts"] for line in path.read_text().splitlines()]
+
+
+def measure(texts: list[str]) -> list[object]:
+    """One value per text; ``"bad..."`` texts get a ``ValueError`` in their slot."""
+    return [ValueError(f"bad text {t!r}") if t.startswith("bad") else len(t) for t in texts]
+
+
+# --------------------------------------------------------------------------- plain batch nodes
+
+
+@node(output_name="size", batch_size=B)
+def b_size(text: list[str], log_dir: list[str]) -> list[object]:
+    record(log_dir, "size", text)
+    return measure(text)
+
+
+@node(output_name="size", batch_size=B)
+async def ab_size(text: list[str], log_dir: list[str]) -> list[object]:
+    record(log_dir, "size", text)
+    await asyncio.sleep(0.002)
+    return measure(text)
+
+
+@node(output_name="text")
+def clean(raw: str) -> str:
+    """A per-item node before the batch node."""
+    return raw.strip().lower()
+
+
+@node(output_name="score")
+def score(size: int) -> int:
+    """A per-item node after the batch node."""
+    return size * 10
+
+
+@node(output_name=("upper", "first"), batch_size=B)
+def b_two(text: list[str], log_dir: list[str]) -> tuple[list[str], list[str]]:
+    """Two outputs: a tuple of lists."""
+    record(log_dir, "two", text)
+    return [t.upper() for t in text], [t[:1] for t in text]
+
+
+@node(output_name="size", batch_size=B)
+def b_short(text: list[str], log_dir: list[str]) -> list[int]:
+    """Returns one value too few for a call holding ``"short"``."""
+    record(log_dir, "short", text)
+    out = [len(t) for t in text]
+    return out[:-1] if "short" in text else out
+
+
+class BoomError(RuntimeError):
+    """The whole call failed."""
+
+
+@node(output_name="size", batch_size=B)
+def b_boom(text: list[str], log_dir: list[str]) -> list[int]:
+    """Raises for a call holding ``"boom"``."""
+    record(log_dir, "boom", text)
+    if "boom" in text:
+        raise BoomError(f"the call of {len(text)} items failed")
+    return [len(t) for t in text]
+
+
+@node(output_name="size", batch_size=B, retries=2, backoff=0.01)
+def b_flaky(text: list[str], log_dir: list[str]) -> list[int]:
+    """Fails the first attempt of every call (keyed by the call's texts), then succeeds."""
+    record(log_dir, "flaky", text)
+    if sum(c == text for c in calls(log_dir[0], "flaky")) == 1:
+        raise ConnectionError(f"provider hiccup for {len(text)} items")
+    return [len(t) for t in text]
+
+
+BEFORE_AFTER = {"sync": [clean, b_size, score], "async": [clean, ab_size, score]}
+SIZE = {"sync": b_size, "async": ab_size}
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@resource
+def unit():
+    """A resource: passed to a batch node as the object, not a list."""
+    return {"unit": "chars"}
+
+
+@node(output_name="labelled", batch_size=B)
+def b_label(text: list[str], unit: dict, log_dir: list[str]) -> list[str]:
+    assert isinstance(unit, dict), "a resource is passed as itself"
+    record(log_dir, "label", text)
+    return [f"{len(t)} {unit['unit']}" for t in text]
+
+
+# --------------------------------------------------------------------------- nested graphs
+
+
+@node(output_name="passages")
+def split(document: str) -> list[str]:
+    return [p for p in document.split("|") if p]
+
+
+@node(output_name="total")
+def total(sizes: list[int]) -> int:
+    return sum(sizes)
+
+
+INNER = {kind: Graph([size_node, score], name=f"inner_{kind}") for kind, size_node in SIZE.items()}
+
+
+def nested(kind: str) -> list:
+    """``split`` -> the inner graph (a batch node, then ``score``) mapped over the passages
+    -> ``total``; ``log_dir`` is broadcast into the inner graph."""
+    each = INNER[kind].as_node(name="each", map_over="text", inputs={"passages": "text"},
+                               outputs={"sizes": "score"})
+    return [split, each, total]
