@@ -25,7 +25,7 @@ Layout, under ``<url>/hncache-v1/``::
 * **Checksums** are verified before unpickling; a bad segment or index is deleted and its
   entries recomputed. ``cache info`` counts entries from object names (no GET per object).
 * **Size limit.** Objects cannot be updated, so recency lives in small ``used/`` logs: a
-  reading process writes one (the segments it read) at most once per second. With
+  reading process writes one (the segments it read) at most every 10 s (and on ``close``). With
   ``size_limit`` each writer lists the store before its first write and again once it wrote
   an eighth of the room left at its last listing; when the segments take more than 90% of the
   limit it deletes the least recently used (recency: the later of the write, from the name,
@@ -63,6 +63,8 @@ _HIGH, _LOW, _WRITERS = 0.9, 0.75, 8  # see "Size limit" above
 
 class ObjectStoreCache(SegmentCache):
     """Content-hashed store of node results on shared storage (see the module docstring)."""
+
+    touch_seconds = 10.0  # one small ``used/`` log per reading process at most this often
 
     def __init__(self, url: str | os.PathLike, scope: str = "global", *,
                  filesystem: Any = None, refresh_seconds: float | None = None,

@@ -4,9 +4,9 @@ A backend supplies a *store* (where segment bytes live: SQLite rows, files, obje
 down as the ``store.SegmentStore`` protocol; this class does everything else the protocol
 promises: packing a batch (``segments.pack``), the per-process index, checksums before
 unpickling, evicting bad segments, the degraded modes, pickling the handle and the visibility
-marker. With ``size_limit`` the store evicts the least recently used segments; this class tells
-it which segments were read (``touch``), batched: at most once per ``TOUCH_SECONDS`` per
-process, before its own writes, and on ``close``.
+marker. Recency (what ``size_limit`` eviction and ``prune(older_than=...)`` go by): this class
+tells the store which segments were read (``touch``), batched: at most once per
+``touch_seconds`` per process, before its own writes under a size limit, and on ``close``.
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from hypernodes_dist.cache.segments import (
 from hypernodes_dist.cache.store import Pruned, SegmentStore
 from hypernodes_dist.cache.units import parse_age, parse_size
 
-__all__ = ["SegmentCache", "NO_NODE", "TOUCH_SECONDS", "worker_name"]
+__all__ = ["SegmentCache", "NO_NODE", "worker_name"]
 
 NO_NODE = "_"  # the group of entries written without a node name
 _FEW = 64  # lookups of at most this many hits read single blocks, not whole segments
 _ABANDONED: list[Any] = []  # stores inherited through fork: never closed by the child
-TOUCH_SECONDS = 1.0  # a reading process records which segments it used at most this often
 _SLICE = 8  # with a size limit, one segment takes at most this fraction of it
 
 
@@ -59,6 +58,7 @@ class SegmentCache:
     (bytes, or a string such as ``"10GB"``; ``None``: unbounded) is handed to the store."""
 
     refresh_seconds: float = 0.0
+    touch_seconds: float = 1.0  # a reading process records what it used at most this often
     _errors: tuple[type[BaseException], ...] = (OSError,)
 
     def __init__(self, scope: str = "global", size_limit: int | str | None = None) -> None:
@@ -216,14 +216,14 @@ class SegmentCache:
     # -- recency: which segments this process used ---------------------------------------------
     def _used(self, number: int) -> None:
         seg = self._known.segments[number]
-        if seg is not None and self.size_limit is not None:
+        if seg is not None:
             self._touched.add(seg.ref)
 
     def _touch_if_due(self, store: SegmentStore | None, now: bool = False) -> None:
-        """Tell the store which segments were read (batched: see ``TOUCH_SECONDS``)."""
-        if not self._touched or store is None:
+        """Tell the store which segments were read (batched: see ``touch_seconds``)."""
+        if not self._touched or store is None or self._read_only:
             return
-        if not now and time.monotonic() - self._touched_at < TOUCH_SECONDS:
+        if not now and time.monotonic() - self._touched_at < self.touch_seconds:
             return
         with self._lock:
             refs, self._touched = self._touched, set()
