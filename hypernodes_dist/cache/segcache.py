@@ -27,6 +27,8 @@ from hypernodes_dist.cache.segments import (
     ENTRY_BITS,
     ENTRY_MASK,
     SEGMENT_BYTES,
+    WHOLE,
+    BlockAt,
     Refreshed,
     SegmentIndex,
     Written,
@@ -236,7 +238,7 @@ class SegmentCache:
     def _segment_values(self, store: SegmentStore, number: int) -> list[Any] | None:
         """Every value of one segment, decoded once (one read) and kept in the LRU."""
         known = self._known
-        where = (number, -1)  # the whole segment
+        where = BlockAt(number, WHOLE)
         self._used(number)
         values = known.cached_block(where)
         if values is not None:
@@ -252,7 +254,7 @@ class SegmentCache:
         out: list[Any] = []
         for b, (off, length) in enumerate(zip(seg.offsets, seg.lengths)):
             blob = data[off:off + length] if data is not None else None
-            values = self._decoded((number, b), blob, keep=False)
+            values = self._decoded(BlockAt(number, b), blob, keep=False)
             if values is None:
                 return None
             out += values
@@ -301,7 +303,7 @@ class SegmentCache:
                     continue
                 known.add(seg.ref, seg.size, *decoded)
 
-    def _block(self, store: SegmentStore, where: tuple[int, int]) -> list[Any] | None:
+    def _block(self, store: SegmentStore, where: BlockAt) -> list[Any] | None:
         number, b = where
         self._used(number)
         values = self._known.cached_block(where)
@@ -317,7 +319,7 @@ class SegmentCache:
             blob = None
         return self._decoded(where, blob)
 
-    def _decoded(self, where: tuple[int, int], blob: bytes | None,
+    def _decoded(self, where: BlockAt, blob: bytes | None,
                  keep: bool = True) -> list[Any] | None:
         """Verify and unpickle one block; a bad one evicts its segment."""
         known = self._known

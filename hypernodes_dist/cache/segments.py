@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 from xxhash import xxh3_128_digest
 
-__all__ = ["BlockRow", "Packed", "Refreshed", "SegmentIndex", "Written", "decode_block", "decode_index", "pack"]
+__all__ = ["WHOLE", "BlockAt", "BlockRow", "Packed", "Refreshed", "SegmentIndex", "Written", "decode_block", "decode_index", "pack"]
 
 log = logging.getLogger("hypernodes_dist.cache")
 
@@ -73,6 +73,17 @@ class Packed:
     def nbytes(self) -> int:
         """Bytes the segment takes in a store (data and index)."""
         return len(self.data) + len(self.index)
+
+
+class BlockAt(NamedTuple):
+    """A block of a known segment: its number in ``SegmentIndex.segments`` and the block's
+    position (``WHOLE``: every block of the segment, decoded at once)."""
+
+    segment: int
+    block: int
+
+
+WHOLE = -1
 
 
 class Written(NamedTuple):
@@ -219,7 +230,7 @@ class SegmentIndex:
     index: dict[str, int] = field(default_factory=dict)
     segments: list[_Segment | None] = field(default_factory=lambda: [None])  # numbers from 1
     known: set[Any] = field(default_factory=set)
-    blocks: OrderedDict[tuple[int, int], list[Any]] = field(default_factory=OrderedDict)
+    blocks: OrderedDict[BlockAt, list[Any]] = field(default_factory=OrderedDict)
     block_bytes: int = 0
     refreshed: dict[str | None, Refreshed] = field(default_factory=dict)
     cursor: dict[str | None, Any] = field(default_factory=dict)  # backend-specific
@@ -251,35 +262,36 @@ class SegmentIndex:
             loc = index.get(key)
             if loc is not None and lo <= loc < hi:
                 del index[key]
-        for b in range(-1, len(seg.counts)):
-            found = self.blocks.pop((number, b), None)
+        for b in range(WHOLE, len(seg.counts)):
+            found = self.blocks.pop(BlockAt(number, b), None)
             if found is not None:
                 self.block_bytes -= seg.size if b < 0 else seg.lengths[b]
         return seg.ref
 
-    def locate(self, keys: Sequence[str]) -> dict[tuple[int, int], list[tuple[str, int]]]:
+    def locate(self, keys: Sequence[str]) -> dict[BlockAt, list[tuple[str, int]]]:
         """Group the known keys by ``(segment, block)`` (locations are never 0: segments
         count from 1, so hits are picked at C speed)."""
         locs = list(map(self.index.get, keys))
-        groups: dict[tuple[int, int], list[tuple[str, int]]] = {}
+        groups: dict[BlockAt, list[tuple[str, int]]] = {}  # (key, position in the block)
         segments = self.segments
         for key, loc in zip(compress(keys, locs), filter(None, locs)):
             number, entry = loc >> ENTRY_BITS, loc & ENTRY_MASK
             starts = segments[number].starts  # type: ignore[union-attr]
             b = bisect.bisect_right(starts, entry) - 1 if len(starts) > 1 else 0
-            group = groups.get((number, b))
+            where = BlockAt(number, b)
+            group = groups.get(where)
             if group is None:
-                group = groups[(number, b)] = []
+                group = groups[where] = []
             group.append((key, entry - starts[b]))
         return groups
 
-    def cached_block(self, where: tuple[int, int]) -> list[Any] | None:
+    def cached_block(self, where: BlockAt) -> list[Any] | None:
         values = self.blocks.get(where)
         if values is not None:
             self.blocks.move_to_end(where)
         return values
 
-    def keep_block(self, where: tuple[int, int], values: list[Any], nbytes: int) -> None:
+    def keep_block(self, where: BlockAt, values: list[Any], nbytes: int) -> None:
         self.blocks[where] = values
         self.block_bytes += nbytes
         while self.block_bytes > LRU_BYTES and len(self.blocks) > 1:
