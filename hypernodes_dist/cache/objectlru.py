@@ -13,7 +13,7 @@ from typing import Protocol
 
 from hypernodes_dist.cache.store import Pruned
 
-__all__ = ["USED", "Listing", "LogStore", "evict_to", "merge_logs", "read_logs"]
+__all__ = ["USED", "Listing", "LogStore", "entries_of", "evict_to", "merge_logs", "read_logs"]
 
 USED = "used"
 MERGE_AFTER = 64  # logs: more than this many are merged into one
@@ -60,7 +60,7 @@ class Listing:
             stem = path[:-4]
             seg = self.segments.get(stem)
             if seg is None:
-                seg = self.segments[stem] = _Segment(0, _entries(stem), _written(stem))
+                seg = self.segments[stem] = _Segment(0, entries_of(stem), _written(stem))
             seg.nbytes += size
 
     def stale_temporaries(self, before_ns: int) -> list[str]:
@@ -137,7 +137,8 @@ def _written(stem: str) -> int:
         return 0
 
 
-def _entries(stem: str) -> int:
+def entries_of(stem: str) -> int:
+    """Entries of a segment, from its name (``<time>-<writer>-<entries>``)."""
     try:
         return int(stem.rsplit("-", 1)[1])
     except (IndexError, ValueError):

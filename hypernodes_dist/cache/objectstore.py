@@ -47,6 +47,7 @@ from hypernodes_dist.cache.objectlru import (
     MERGE_AFTER,
     USED,
     Listing,
+    entries_of,
     evict_to,
     merge_logs,
     read_logs,
@@ -266,7 +267,7 @@ class _FsStore:
         count = 0
         for _scope, _node, info in found:  # indexes first, then segments
             if info.path.endswith(".idx"):
-                count += _entries(info.path)
+                count += entries_of(info.path[:-4])
                 self.delete_quietly(info.path)
         for _scope, _node, info in found:
             if not info.path.endswith(".idx"):
@@ -284,7 +285,7 @@ class _FsStore:
         for scope, node, info in self._groups(None, None):
             row = out.setdefault(Group(scope, node), [0, 0])
             if info.path.endswith(".idx"):
-                row[0] += _entries(info.path)
+                row[0] += entries_of(info.path[:-4])
             row[1] += info.size or 0
         return {group: Usage(*row) for group, row in out.items()}
 
@@ -303,14 +304,6 @@ class _FsStore:
 
     def close(self) -> None:
         self._dirs.clear()
-
-
-def _entries(path: str) -> int:
-    """Entries of a segment, from its object name (``<time>-<writer>-<entries>.idx``)."""
-    try:
-        return int(path.rsplit("-", 1)[1][:-4])
-    except (IndexError, ValueError):
-        return 0
 
 
 def _display(url: str) -> str:
