@@ -72,9 +72,11 @@ class Plan:
                           if n.kind == "gate" and END in n.choices)  # type: ignore[attr-defined]
         self.is_async = any(n.is_async or (n.streaming and not n.is_generator) for n in self.nodes)
         # flows: items walk the plan one by one (execution/flow.py), so one that waits
-        # (async call, retry back-off, limit) holds back no other
-        self.flows = self.columnar and (self.is_async or any(
-            n.policy is not None and n.policy.waits for n in self.nodes))
+        # (async call, retry back-off, limit) holds back no other. Batch nodes do not make
+        # a plan flow: their calls already group items, so columnar gathers them
+        self.flows = self.columnar and any(n.batch_size is None and (
+            n.is_async or (n.streaming and not n.is_generator)
+            or (n.policy is not None and n.policy.waits)) for n in self.nodes)
         # interrupts of this graph and of its nested graphs (which pause this graph's runs)
         self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt") + tuple(
             i for n in self.nodes if n.nests for i in n.inner.interrupts)  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.execution.batch import execute_batch, run_batch
 from hypernodes_dist.execution.batching import item_window
 from hypernodes_dist.execution.flow import ItemFlow, drive
 from hypernodes_dist.execution.job import MapJob, Sink
@@ -44,6 +44,9 @@ class GraphEngine(Engine):
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         if job.plan.flows and not (self.parallel_nodes and self.max_workers > 1):
             run_sync(self._flow(job, sink))
+            return
+        if job.plan.is_async and not job.plan.flows:  # async batch nodes: calls gathered
+            run_sync(self._gathered(job, sink))
             return
         bounds = list(job.bounds(self.batch_size))
         if not self.parallel_nodes or self.max_workers == 1 or len(bounds) == 1:
@@ -86,6 +89,25 @@ class GraphEngine(Engine):
 
             window = item_window(job.plan, self.batch_size)  # batch nodes: calls, not items
             await drive(items(), asyncio.Semaphore(window), done)
+
+    async def _gathered(self, job: MapJob, sink: Sink) -> None:
+        """Columnar plans whose async nodes are batch nodes: batches of ``batch_size`` calls
+        each (``batching.item_window``), two batches at once, so the next batch's calls are
+        in flight while one ends with its slowest call."""
+        size = item_window(job.plan, self.batch_size)
+        slots = asyncio.Semaphore(2)
+        with batch_writes(job.settings.cache, None) as writes:
+            async def one(start: int, stop: int) -> None:
+                async with slots:
+                    sink(await run_batch(job.plan, job.chunk(start, stop), job.settings, writes))
+
+            tasks = [asyncio.ensure_future(one(a, b)) for a, b in job.bounds(size)]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def __repr__(self) -> str:
         return (

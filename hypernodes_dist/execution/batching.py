@@ -88,30 +88,41 @@ def _groups(todo: Sequence[int], size: int) -> list[Sequence[int]]:
     return [todo[k:k + size] for k in range(0, len(todo), size)]
 
 
-OnCall = Callable[[int, Sequence[int], list[Any], float, float], None]
+OnCall = Callable[[Sequence[int], list[Any], float, float], None]
+Done = tuple[list[Any], float, float]  # a call's values, start and end
 
 
 async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[Any]],
                       guard: Guard | None, first: int, limit: int | None,
-                      on_call: OnCall) -> None:
+                      on_call: OnCall, keys: Sequence[str] | None = None) -> None:
     """Calls over the items ``todo`` (argument iterators ``its``, one per parameter), in
-    item order; after each, ``on_call(at, items, values, start, end)``: the call's items
-    (``todo[at:at + len(items)]``), per item its value or an ``Exception`` (its failure). ``first``: the chunk's offset (item numbers in policy
-    events); ``limit``: async calls in flight (``None``: all)."""
+    item order; after each, ``on_call(positions, values, start, end)``: the call's positions
+    in ``todo``, per item its value or an ``Exception`` (its failure). ``first``: the
+    chunk's offset (item numbers in policy events); ``limit``: async calls in flight
+    (``None``: all); ``keys``: the items' cache keys: an item whose key another batch's
+    call is computing on this loop waits for it instead of entering a call."""
     columns = [list(it) for it in its]
-    size = node.batch_size or 1
-    groups = [range(k, min(k + size, len(todo))) for k in range(0, len(todo), size)]
     blocking = not (node.is_async or node.streaming)
+    own, twins = list(range(len(todo))), {}
+    claimed: dict[str, asyncio.Future[Done]] = {}
+    if keys is not None and not blocking:
+        own, twins, claimed = _claim(node, keys)
+    size = node.batch_size or 1
+    groups = [own[k:k + size] for k in range(0, len(own), size)]
 
-    async def one(group: range) -> None:
-        cols = [col[group.start:group.stop] for col in columns]
-        items = todo[group.start:group.stop]
+    async def one(group: list[int]) -> None:
+        cols = [[col[k] for k in group] for col in columns]
         try:
-            values, start = await run_call(node, cols, len(group), guard, first + items[0],
+            values, start = await run_call(node, cols, len(group), guard, first + todo[group[0]],
                                            blocking)
         except Exception as exc:
             start, values = time.perf_counter(), each_item(exc, len(group))
-        on_call(group.start, items, values, start, time.perf_counter())
+        end = time.perf_counter()
+        for k, value in zip(group, values):
+            future = claimed.get(keys[k]) if claimed and keys is not None else None
+            if future is not None and not future.done():
+                future.set_result(([value], start, end))
+        on_call(group, values, start, end)
 
     if blocking:
         for group in groups:
@@ -119,11 +130,61 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
         return
     sem = asyncio.Semaphore(limit or len(groups) or 1)
 
-    async def bounded(group: range) -> None:
+    async def bounded(group: list[int]) -> None:
         async with sem:
             await one(group)
 
-    await asyncio.gather(*map(bounded, groups))
+    async def twin(k: int, future: asyncio.Future[Done]) -> None:
+        (value,), start, end = await asyncio.shield(future)
+        on_call([k], each_item(value, 2)[1:] if isinstance(value, Exception) else [value],
+                start, end)
+
+    tasks = [asyncio.ensure_future(bounded(g)) for g in groups]
+    tasks += [asyncio.ensure_future(twin(k, f)) for k, f in twins.items()]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # a failure raised (on_error="raise") stops the other calls
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        _release(node, claimed)
+
+
+_RUNNING: weakref.WeakKeyDictionary[HyperNode, dict[str, asyncio.Future[Done]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _claim(node: HyperNode, keys: Sequence[str]
+           ) -> tuple[list[int], dict[int, asyncio.Future[Done]], dict[str, asyncio.Future[Done]]]:
+    """Positions to call, positions served by another batch's call (their futures), and
+    the keys this batch claims."""
+    loop = asyncio.get_running_loop()
+    with _lock:
+        running = _RUNNING.setdefault(node, {})
+        own, twins, claimed = [], {}, {}
+        for k, key in enumerate(keys):
+            found = running.get(key) if key else None
+            if found is not None and found.get_loop() is loop and not found.done():
+                twins[k] = found
+                continue
+            own.append(k)
+            if key:
+                claimed[key] = running[key] = loop.create_future()
+    return own, twins, claimed
+
+
+def _release(node: HyperNode, claimed: dict[str, asyncio.Future[Done]]) -> None:
+    """This batch's calls are over: its keys are no longer in flight (waiters of a call
+    that never ran are cancelled)."""
+    if not claimed:
+        return
+    with _lock:
+        running = _RUNNING.get(node, {})
+        for key, future in claimed.items():
+            if running.get(key) is future:
+                del running[key]
+            if not future.done():
+                future.cancel()
 
 
 # ----------------------------------------------------------------------------- flows
@@ -194,6 +255,7 @@ class _Filler:
     async def _run(self, call: _Call) -> None:
         node = self.node
         live = [k for k, f in enumerate(call.futures) if not f.done()]  # not cancelled
+        live.sort(key=call.items.__getitem__)  # a call's lists are in item order
         try:
             if not live:
                 return

@@ -118,20 +118,22 @@ class ColumnCalls:
         clock = Clock()
         clock.starts, clock.ends = array("d", bytes(8 * n)), array("d", bytes(8 * n))
 
-        def on_call(at: int, items: Sequence[int], values: list[Any], start: float,
+        def on_call(positions: Sequence[int], values: list[Any], start: float,
                     end: float) -> None:
-            for k, (i, value) in enumerate(zip(items, values), at):
+            for k, value in zip(positions, values):
                 if isinstance(value, Exception):
-                    self._record_failure(node, i, value)
+                    self._record_failure(node, todo[k], value)
                 else:
                     out[k] = value
                 clock.starts[k], clock.ends[k] = start, end
             if persist is not None:
-                persist(items, out[at:at + len(items)])
+                persist([todo[k] for k in positions], [out[k] for k in positions])
 
         self.timing[node.name] = (todo, clock)
+        node_keys = self.node_keys.get(node.name)
+        keys = None if node_keys is None else [node_keys[i] for i in todo]
         await call_column(node, todo, self._args(node, todo), guard, self.chunk.offset,
-                          self.settings.concurrency, on_call)
+                          self.settings.concurrency, on_call, keys)
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],

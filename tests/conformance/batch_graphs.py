@@ -66,6 +66,14 @@ def clean(raw: str) -> str:
     return raw.strip().lower()
 
 
+@node(output_name="text")
+async def aclean(raw: str) -> str:
+    """An async per-item node before the batch node: the plan's items flow, and reach the
+    batch node one by one (its calls are filled as they arrive)."""
+    await asyncio.sleep(0.001 * (len(raw) % 3))
+    return raw.strip().lower()
+
+
 @node(output_name="score")
 def score(size: int) -> int:
     """A per-item node after the batch node."""
@@ -109,8 +117,9 @@ def b_flaky(text: list[str], log_dir: list[str]) -> list[int]:
     return [len(t) for t in text]
 
 
-BEFORE_AFTER = {"sync": [clean, b_size, score], "async": [clean, ab_size, score]}
-SIZE = {"sync": b_size, "async": ab_size}
+BEFORE_AFTER = {"sync": [clean, b_size, score], "async": [clean, ab_size, score],
+                "flowing": [aclean, ab_size, score], "flowing-sync": [aclean, b_size, score]}
+SIZE = {"sync": b_size, "async": ab_size, "flowing": ab_size, "flowing-sync": b_size}
 
 
 # --------------------------------------------------------------------------- resources
@@ -142,12 +151,13 @@ def total(sizes: list[int]) -> int:
     return sum(sizes)
 
 
-INNER = {kind: Graph([size_node, score], name=f"inner_{kind}") for kind, size_node in SIZE.items()}
-
-
 def nested(kind: str) -> list:
-    """``split`` -> the inner graph (a batch node, then ``score``) mapped over the passages
-    -> ``total``; ``log_dir`` is broadcast into the inner graph."""
-    each = INNER[kind].as_node(name="each", map_over="text", inputs={"passages": "text"},
-                               outputs={"sizes": "score"})
+    """``split`` -> the inner graph (a batch node, then ``score``; flowing kinds start with
+    ``aclean``) mapped over the passages -> ``total``; ``log_dir`` is broadcast inside."""
+    if kind.startswith("flowing"):
+        inner, over = Graph([aclean, SIZE[kind], score], name=f"inner_{kind}"), "raw"
+    else:
+        inner, over = Graph([SIZE[kind], score], name=f"inner_{kind}"), "text"
+    each = inner.as_node(name="each", map_over=over, inputs={"passages": over},
+                         outputs={"sizes": "score"})
     return [split, each, total]

@@ -14,7 +14,7 @@ from hypernodes_dist.execution.batchcall import BatchLengthError
 
 from . import batch_graphs as BG
 
-KINDS = ["sync", "async"]
+KINDS = ["sync", "async", "flowing", "flowing-sync"]  # flowing: an async per-item node first
 
 
 @pytest.fixture
@@ -131,7 +131,8 @@ def test_several_outputs_as_a_tuple_of_lists(engine, logs):
     _check_calls(BG.calls(logs, "two"), texts)
 
 
-def test_retries_apply_per_call(engine, logs):
+@pytest.mark.parametrize("flowing", [False, True], ids=["columnar", "flowing"])
+def test_retries_apply_per_call(engine, logs, flowing):
     class Seen:
         def __init__(self):
             self.events = []
@@ -141,8 +142,10 @@ def test_retries_apply_per_call(engine, logs):
 
     seen = Seen()
     texts = [f"w{i}" * (i + 1) for i in range(9)]
-    g = Graph([BG.b_flaky], engine=engine, callbacks=[seen])
-    res = g.map({"text": texts, "log_dir": logs}, map_over="text")
+    nodes = [BG.aclean, BG.b_flaky] if flowing else [BG.b_flaky]
+    g = Graph(nodes, engine=engine, callbacks=[seen])
+    res = g.map({"raw" if flowing else "text": texts, "log_dir": logs},
+                map_over="raw" if flowing else "text")
     assert [r["size"] for r in res] == [len(t) for t in texts]
     attempts = BG.calls(logs, "flaky")
     distinct = {tuple(c) for c in attempts}
