@@ -66,10 +66,23 @@ def _annotated(plan: Plan, output: str) -> pa.DataType | bool | None:
             if typing.get_origin(ann) is not tuple or len(args) != len(node.outputs):
                 return None
             ann = args[node.outputs.index(output)]
+        if node.batch_size is not None:  # list[T]: one T per item
+            ann = _item_annotation(ann)
+            if ann is None:
+                return None
         found.append(annotation_type(ann))
     if not found or any(f is None for f in found) or any(f != found[0] for f in found):
         return None
     return found[0]
+
+
+def _item_annotation(ann: Any) -> Any:
+    """A batch node's return annotation ``list[T]`` (or ``Sequence[T]``) -> ``T``; ``None``
+    when it does not say (the probe decides)."""
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) in (list, Sequence) and len(args) == 1:
+        return args[0]
+    return None
 
 
 def _return_annotation(func: Any) -> Any:

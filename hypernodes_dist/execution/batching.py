@@ -103,15 +103,19 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
     call is computing on this loop waits for it instead of entering a call."""
     columns = [list(it) for it in its]
     blocking = not (node.is_async or node.streaming)
-    own, twins = list(range(len(todo))), {}
+    own: Sequence[int] = range(len(todo))  # slices of a range stay ranges: no list per call
+    twins: dict[int, asyncio.Future[Done]] = {}
     claimed: dict[str, asyncio.Future[Done]] = {}
     if keys is not None and not blocking:
         own, twins, claimed = _claim(node, keys)
     size = node.batch_size or 1
     groups = [own[k:k + size] for k in range(0, len(own), size)]
 
-    async def one(group: list[int]) -> None:
-        cols = [[col[k] for k in group] for col in columns]
+    async def one(group: Sequence[int]) -> None:
+        if type(group) is range:
+            cols = [col[group.start:group.stop] for col in columns]
+        else:
+            cols = [[col[k] for k in group] for col in columns]
         try:
             values, start = await run_call(node, cols, len(group), guard, first + todo[group[0]],
                                            blocking)
@@ -130,7 +134,7 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
         return
     sem = asyncio.Semaphore(limit or len(groups) or 1)
 
-    async def bounded(group: list[int]) -> None:
+    async def bounded(group: Sequence[int]) -> None:
         async with sem:
             await one(group)
 
