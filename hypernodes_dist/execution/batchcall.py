@@ -75,7 +75,8 @@ def _as_list(value: Any) -> list[Any] | None:
 
 
 def _length_error(node: HyperNode, n: int, got: Any, what: str = "") -> BatchLengthError:
-    shape = f"{len(got)} values" if isinstance(got, list) else f"a {type(got).__name__}"
+    shape = (f"{len(got)} value{'s' if len(got) != 1 else ''}" if isinstance(got, list)
+             else f"a value of type {type(got).__name__}")
     return BatchLengthError(
         f"batch node {node.name!r} was called with {n} item{'s' if n != 1 else ''} and "
         f"returned {shape}{what}; a batch node returns one value per item, in item order "
