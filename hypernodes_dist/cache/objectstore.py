@@ -37,6 +37,7 @@ Layout, under ``<url>/hncache-v1/``::
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Collection
@@ -117,6 +118,8 @@ class _FsStore:
         self._paths: dict[tuple[str, str], str] = {}
         self._writer = uuid.uuid4().hex[:16]
         self._budget = 0  # bytes this process writes before listing the store again
+        self._inflight = 0  # bytes its threads are writing (not listed yet)
+        self._limit_lock = threading.Lock()
         self._touches = 0
 
     def _dir(self, scope: str, node: str) -> str:
@@ -139,12 +142,19 @@ class _FsStore:
     # -- segments --------------------------------------------------------------------------
     def put(self, scope: str, node: str, packed: Packed) -> Stored:
         if self.size_limit is not None:
-            self._budget -= packed.nbytes
-            if self._budget < 0:
-                self._enforce(packed.nbytes)
+            with self._limit_lock:  # threads of one process share the budget
+                self._budget -= packed.nbytes
+                if self._budget < 0:
+                    self._enforce(packed.nbytes)
+                self._inflight += packed.nbytes
         stem = f"{self._dir(scope, node)}/{time.time_ns():016x}-{self._writer}-{len(packed.keys)}"
-        self._write(f"{stem}.seg", packed.data)
-        self._write(f"{stem}.idx", packed.index)
+        try:
+            self._write(f"{stem}.seg", packed.data)
+            self._write(f"{stem}.idx", packed.index)
+        finally:
+            if self.size_limit is not None:
+                with self._limit_lock:
+                    self._inflight -= packed.nbytes
         return Stored(stem, len(packed.data))
 
     # -- size limit and recency ------------------------------------------------------------
@@ -159,6 +169,7 @@ class _FsStore:
         """List the store; over 90% of the limit, evict down to 75%; set the write budget."""
         limit = self.size_limit or 0
         listing = self._listing()
+        incoming += self._inflight  # other threads' writes may not be listed yet
         if listing.total + incoming > limit * _HIGH:
             evict_to(self, listing, int(limit * _LOW) - incoming)
         self._budget = max(0, limit - listing.total - incoming) // _WRITERS
