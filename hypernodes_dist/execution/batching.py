@@ -139,7 +139,13 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
             await one(group)
 
     async def twin(k: int, future: asyncio.Future[Done]) -> None:
-        (value,), start, end = await asyncio.shield(future)
+        try:
+            (value,), start, end = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not future.cancelled():  # this batch is cancelled
+                raise
+            await one([k])  # the identical item's call never ran: call it here
+            return
         on_call([k], each_item(value, 2)[1:] if isinstance(value, Exception) else [value],
                 start, end)
 
