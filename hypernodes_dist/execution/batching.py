@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from hypernodes_dist.execution.batchcall import call_kwargs, each_item, invoke, unpack
@@ -99,15 +100,15 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
     item order; after each, ``on_call(positions, values, start, end)``: the call's positions
     in ``todo``, per item its value or an ``Exception`` (its failure). ``first``: the
     chunk's offset (item numbers in policy events); ``limit``: async calls in flight
-    (``None``: all); ``keys``: the items' cache keys: an item whose key another batch's
-    call is computing on this loop waits for it instead of entering a call."""
+    (``None``: all); ``keys``: the items' cache keys: an item whose key a call of another
+    batch of this process is computing waits for it instead of entering a call."""
     columns = [list(it) for it in its]
     blocking = not (node.is_async or node.streaming)
     own: Sequence[int] = range(len(todo))  # slices of a range stay ranges: no list per call
-    twins: dict[int, asyncio.Future[Done]] = {}
-    claimed: dict[str, asyncio.Future[Done]] = {}
-    if keys is not None and not blocking:
-        own, twins, claimed = _claim(node, keys)
+    twins: dict[int, Future[Done]] = {}
+    claimed: dict[str, Future[Done]] = {}
+    if keys is not None:
+        own, twins, claimed = _claim(node, keys, blocking)
     size = node.batch_size or 1
     groups = [own[k:k + size] for k in range(0, len(own), size)]
 
@@ -122,79 +123,102 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
         except Exception as exc:
             start, values = time.perf_counter(), each_item(exc, len(group))
         end = time.perf_counter()
-        for k, value in zip(group, values):
-            future = claimed.get(keys[k]) if claimed and keys is not None else None
-            if future is not None and not future.done():
-                future.set_result(([value], start, end))
+        if claimed:
+            for k, value in zip(group, values):
+                future = claimed.get(keys[k])  # type: ignore[index]
+                if future is not None and not future.done():
+                    future.set_result(([value], start, end))
         on_call(group, values, start, end)
 
-    if blocking:
-        for group in groups:
-            await one(group)
+    try:
+        if blocking:
+            for group in groups:
+                await one(group)
+            for k, future in twins.items():  # served by another thread's call
+                await _twin(future, one, on_call, k, wait=False)
+        else:
+            await _gather(groups, twins, one, on_call, limit)
+    finally:
+        _release(node, claimed)
+
+
+async def _twin(future: Future[Done], one: Callable[[Sequence[int]], Any], on_call: OnCall,
+                k: int, wait: bool) -> None:
+    """Item ``k`` takes the value an identical item's call produced (``wait``: awaited on
+    the loop; else the thread blocks); if that call never ran, ``k`` is called here."""
+    try:
+        if wait:
+            (value,), start, end = await asyncio.shield(asyncio.wrap_future(future))
+        else:
+            (value,), start, end = future.result()
+    except (asyncio.CancelledError, CancelledError):
+        if not future.cancelled():  # this batch is cancelled
+            raise
+        await one([k])
         return
+    on_call([k], each_item(value, 2)[1:] if isinstance(value, Exception) else [value],
+            start, end)
+
+
+async def _gather(groups: list[Sequence[int]], twins: dict[int, Future[Done]],
+                  one: Callable[[Sequence[int]], Any], on_call: OnCall,
+                  limit: int | None) -> None:
+    """Async calls at most ``limit`` at once; a failure raised (``on_error="raise"``)
+    stops the others."""
     sem = asyncio.Semaphore(limit or len(groups) or 1)
 
     async def bounded(group: Sequence[int]) -> None:
         async with sem:
             await one(group)
 
-    async def twin(k: int, future: asyncio.Future[Done]) -> None:
-        try:
-            (value,), start, end = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            if not future.cancelled():  # this batch is cancelled
-                raise
-            await one([k])  # the identical item's call never ran: call it here
-            return
-        on_call([k], each_item(value, 2)[1:] if isinstance(value, Exception) else [value],
-                start, end)
-
     tasks = [asyncio.ensure_future(bounded(g)) for g in groups]
-    tasks += [asyncio.ensure_future(twin(k, f)) for k, f in twins.items()]
+    tasks += [asyncio.ensure_future(_twin(f, one, on_call, k, wait=True))
+              for k, f in twins.items()]
     try:
         await asyncio.gather(*tasks)
-    finally:  # a failure raised (on_error="raise") stops the other calls
+    finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        _release(node, claimed)
 
 
-_RUNNING: weakref.WeakKeyDictionary[HyperNode, dict[str, asyncio.Future[Done]]] = (
+_RUNNING: weakref.WeakKeyDictionary[HyperNode, dict[str, tuple[Future[Done], int]]] = (
     weakref.WeakKeyDictionary())
 
 
-def _claim(node: HyperNode, keys: Sequence[str]
-           ) -> tuple[list[int], dict[int, asyncio.Future[Done]], dict[str, asyncio.Future[Done]]]:
-    """Positions to call, positions served by another batch's call (their futures), and
-    the keys this batch claims."""
-    loop = asyncio.get_running_loop()
+def _claim(node: HyperNode, keys: Sequence[str], blocking: bool
+           ) -> tuple[list[int], dict[int, Future[Done]], dict[str, Future[Done]]]:
+    """Positions to call, positions served by another batch's call (its futures), and the
+    keys this batch claims. A blocking batch never waits on its own thread's claims (a
+    sync batch runs its calls without letting another batch of its thread in)."""
+    me = threading.get_ident()
     with _lock:
         running = _RUNNING.setdefault(node, {})
         own, twins, claimed = [], {}, {}
         for k, key in enumerate(keys):
             found = running.get(key) if key else None
-            if found is not None and found.get_loop() is loop and not found.done():
-                twins[k] = found
+            if found is not None and not found[0].done() and not (blocking and found[1] == me):
+                twins[k] = found[0]
                 continue
             own.append(k)
             if key:
-                claimed[key] = running[key] = loop.create_future()
+                claimed[key] = Future()
+                running[key] = (claimed[key], me)
     return own, twins, claimed
 
 
-def _release(node: HyperNode, claimed: dict[str, asyncio.Future[Done]]) -> None:
+def _release(node: HyperNode, claimed: dict[str, Future[Done]]) -> None:
     """This batch's calls are over: its keys are no longer in flight (waiters of a call
-    that never ran are cancelled)."""
+    that never ran are cancelled, and call it themselves)."""
     if not claimed:
         return
     with _lock:
         running = _RUNNING.get(node, {})
         for key, future in claimed.items():
-            if running.get(key) is future:
+            found = running.get(key)
+            if found is not None and found[0] is future:
                 del running[key]
-            if not future.done():
-                future.cancel()
+            future.cancel()  # no-op when it has its result
 
 
 # ----------------------------------------------------------------------------- flows
