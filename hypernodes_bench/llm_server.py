@@ -1,0 +1,294 @@
+"""A loopback OpenAI-compatible server for tests, benchmarks and the example (no network).
+
+``LLMServer`` starts ``python -m hypernodes_bench.llm_server`` as a subprocess (aiohttp) on
+127.0.0.1 and stops it on exit:
+
+    with LLMServer(latency=(0.010, 0.030), rpm=600, tpm=20_000) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x")
+        ...
+        server.stats()   # requests, ok, rate_limited, failed, chat, embeddings, tokens, ...
+
+- ``POST /v1/chat/completions``: after a uniform ``latency``, a ``chat.completion`` whose
+  content is ``"positive"`` or ``"negative"`` (a deterministic function of the last user
+  message) with ``usage``: prompt tokens = whitespace words of all messages + 4,
+  completion tokens = 1 (or ``max_tokens``).
+- ``POST /v1/embeddings``: ``input`` a string or a list of at most ``max_batch`` strings
+  (more: HTTP 400); deterministic 8-float vectors.
+- Limits (``rpm``, ``tpm``): a sliding window of ``window_seconds`` counting requests and
+  tokens (a request's tokens counted when admitted, estimated from its messages and
+  ``max_tokens``). Past either limit: HTTP 429 with an OpenAI-style error and a
+  ``retry-after`` header (seconds until enough of the window frees). Every response
+  carries OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers.
+- ``fail_rate``: that fraction of requests answers HTTP 500 (seeded, deterministic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["LLMServer", "label_of", "tokens_of"]
+
+
+def label_of(text: str) -> str:
+    """The server's deterministic answer to a user message."""
+    return "positive" if hashlib.blake2b(text.encode(), digest_size=1).digest()[0] % 2 else "negative"
+
+
+def tokens_of(messages: list[dict[str, Any]]) -> int:
+    """Prompt tokens of a chat request, as the server counts them."""
+    return sum(len(str(m.get("content", "")).split()) for m in messages) + 4
+
+
+class Window:
+    """Requests and tokens admitted in the last ``seconds`` (a sliding window)."""
+
+    def __init__(self, rpm: int | None, tpm: int | None, seconds: float) -> None:
+        self.rpm, self.tpm, self.seconds = rpm, tpm, seconds
+        self.events: deque[tuple[float, int]] = deque()
+        self.tokens = 0
+
+    def _expire(self, now: float) -> None:
+        while self.events and self.events[0][0] <= now - self.seconds:
+            self.tokens -= self.events.popleft()[1]
+
+    def admit(self, tokens: int) -> float:
+        """0 when admitted (counted), else the seconds until it would be."""
+        now = time.monotonic()
+        self._expire(now)
+        wait = 0.0
+        if self.rpm is not None and len(self.events) + 1 > self.rpm:
+            wait = self.events[len(self.events) - self.rpm][0] + self.seconds - now
+        if self.tpm is not None and self.tokens + tokens > self.tpm:
+            freed, need = 0, self.tokens + tokens - self.tpm
+            for at, used in self.events:
+                freed += used
+                if freed >= need:
+                    wait = max(wait, at + self.seconds - now)
+                    break
+        if wait > 0:
+            return wait
+        self.events.append((now, tokens))
+        self.tokens += tokens
+        return 0.0
+
+    def headers(self) -> dict[str, str]:
+        now = time.monotonic()
+        self._expire(now)
+        reset = f"{max(0.0, self.events[0][0] + self.seconds - now):.3f}s" if self.events else "0s"
+        out = {}
+        if self.rpm is not None:
+            out.update({"x-ratelimit-limit-requests": str(self.rpm),
+                        "x-ratelimit-remaining-requests": str(max(0, self.rpm - len(self.events))),
+                        "x-ratelimit-reset-requests": reset})
+        if self.tpm is not None:
+            out.update({"x-ratelimit-limit-tokens": str(self.tpm),
+                        "x-ratelimit-remaining-tokens": str(max(0, self.tpm - self.tokens)),
+                        "x-ratelimit-reset-tokens": reset})
+        return out
+
+
+class App:
+    """The server's state and handlers."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.latency = (args.latency_min, args.latency_max)
+        self.window = Window(args.rpm, args.tpm, args.window_seconds)
+        self.max_batch = args.max_batch
+        self.fail_rate = args.fail_rate
+        self.random = random.Random(args.seed)
+        self.in_flight = 0
+        self.stats: dict[str, int] = {}
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stats = dict.fromkeys(("requests", "ok", "rate_limited", "failed", "chat",
+                                    "embeddings", "embedding_inputs", "tokens", "max_in_flight"), 0)
+
+    async def handle(self, request: Any, kind: str) -> Any:
+        body = await request.json()
+        self.stats["requests"] += 1
+        self.in_flight += 1
+        self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self.in_flight)
+        try:
+            return await self._answer(body, kind)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, body: dict[str, Any], kind: str) -> Any:
+        inputs = body.get("input", "")
+        if kind == "embeddings" and isinstance(inputs, list) and len(inputs) > self.max_batch:
+            return _error(400, f"at most {self.max_batch} inputs per request, got {len(inputs)}",
+                          "invalid_request_error", {})
+        tokens = self._tokens(body, kind)
+        wait = self.window.admit(tokens)
+        headers = self.window.headers()
+        if wait > 0:
+            self.stats["rate_limited"] += 1
+            headers["retry-after"] = f"{math.ceil(wait * 1000) / 1000:g}"
+            return _error(429, "Rate limit reached; retry later", "rate_limit_exceeded", headers)
+        await asyncio.sleep(self.random.uniform(*self.latency))
+        if self.fail_rate and self.random.random() < self.fail_rate:
+            self.stats["failed"] += 1
+            return _error(500, "The server had an error", "server_error", headers)
+        self.stats["ok"] += 1
+        self.stats["tokens"] += tokens
+        self.stats[kind] += 1
+        answer = _chat(body, tokens) if kind == "chat" else self._embeddings(inputs, tokens)
+        return web.json_response(answer, headers=headers)
+
+    def _tokens(self, body: dict[str, Any], kind: str) -> int:
+        if kind == "chat":
+            return tokens_of(body.get("messages", [])) + int(body.get("max_tokens") or 1)
+        inputs = body.get("input", "")
+        texts = inputs if isinstance(inputs, list) else [inputs]
+        return sum(len(str(t).split()) for t in texts) or 1
+
+    def _embeddings(self, inputs: Any, tokens: int) -> dict[str, Any]:
+        texts = inputs if isinstance(inputs, list) else [inputs]
+        self.stats["embedding_inputs"] += len(texts)
+        data = [{"object": "embedding", "index": i, "embedding": _vector(str(t))}
+                for i, t in enumerate(texts)]
+        return {"object": "list", "data": data, "model": "loopback-embed",
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _vector(text: str) -> list[float]:
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return [b / 255.0 for b in digest]
+
+
+def _chat(body: dict[str, Any], tokens: int) -> dict[str, Any]:
+    messages = body.get("messages", [])
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), {"content": ""})
+    completion = int(body.get("max_tokens") or 1)
+    return {
+        "id": "chatcmpl-loopback", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", "loopback"),
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": label_of(str(last["content"]))}}],
+        "usage": {"prompt_tokens": tokens - completion, "completion_tokens": completion,
+                  "total_tokens": tokens},
+    }
+
+
+def _error(status: int, message: str, code: str, headers: dict[str, str]) -> Any:
+    payload = {"error": {"message": message, "type": code, "param": None, "code": code}}
+    return web.json_response(payload, status=status, headers=headers)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    app = App(args)
+    web_app = web.Application()
+
+    async def stats(request: Any) -> Any:
+        return web.json_response(app.stats)
+
+    async def reset(request: Any) -> Any:
+        app.reset_stats()
+        return web.json_response({"ok": True})
+
+    web_app.router.add_post("/v1/chat/completions", lambda r: app.handle(r, "chat"))
+    web_app.router.add_post("/v1/embeddings", lambda r: app.handle(r, "embeddings"))
+    web_app.router.add_get("/stats", stats)
+    web_app.router.add_post("/reset", reset)
+
+    async def main() -> None:
+        runner = web.AppRunner(web_app, access_log=None)
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", args.port))
+        await web.SockSite(runner, sock, backlog=1024).start()
+        print(sock.getsockname()[1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+class LLMServer:
+    """The server as a subprocess on 127.0.0.1 (a context manager)."""
+
+    def __init__(self, latency: tuple[float, float] = (0.010, 0.030), rpm: int | None = None,
+                 tpm: int | None = None, window_seconds: float = 60.0, max_batch: int = 64,
+                 fail_rate: float = 0.0, seed: int = 0) -> None:
+        self.options = ["--latency-min", str(latency[0]), "--latency-max", str(latency[1]),
+                        "--window-seconds", str(window_seconds), "--max-batch", str(max_batch),
+                        "--fail-rate", str(fail_rate), "--seed", str(seed)]
+        if rpm is not None:
+            self.options += ["--rpm", str(rpm)]
+        if tpm is not None:
+            self.options += ["--tpm", str(tpm)]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        """What ``openai.AsyncOpenAI(base_url=...)`` takes."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> LLMServer:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hypernodes_bench.llm_server", "--port", "0", *self.options],
+            stdout=subprocess.PIPE)
+        line = self.proc.stdout.readline() if self.proc.stdout else b""
+        if not line.strip():
+            self.stop()
+            raise RuntimeError("the loopback LLM server did not start")
+        self.port = int(line)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def stats(self) -> dict[str, int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=10) as r:
+            return json.loads(r.read())
+
+    def reset(self) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/reset", method="POST")
+        urllib.request.urlopen(req, timeout=10).close()
+
+    def __enter__(self) -> LLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--latency-min", type=float, default=0.010)
+    p.add_argument("--latency-max", type=float, default=0.030)
+    p.add_argument("--rpm", type=int, default=None)
+    p.add_argument("--tpm", type=int, default=None)
+    p.add_argument("--window-seconds", type=float, default=60.0)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--fail-rate", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    _serve(_parse())
