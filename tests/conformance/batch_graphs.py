@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 from hypernodes_dist import Graph, node, resource
@@ -114,6 +115,29 @@ def b_flaky(text: list[str], log_dir: list[str]) -> list[int]:
     record(log_dir, "flaky", text)
     if sum(c == text for c in calls(log_dir[0], "flaky")) == 1:
         raise ConnectionError(f"provider hiccup for {len(text)} items")
+    return [len(t) for t in text]
+
+
+@node(output_name="size", batch_size=B, concurrency=1)
+async def ab_serial(text: list[str], log_dir: list[str]) -> list[int]:
+    """At most one call at a time: each call records when it started and ended."""
+    _append(Path(log_dir[0]) / "serial.spans", f"start {time.time()!r}")
+    await asyncio.sleep(0.005)
+    _append(Path(log_dir[0]) / "serial.spans", f"end {time.time()!r}")
+    return [len(t) for t in text]
+
+
+def spans(log_dir: str) -> list[tuple[str, float]]:
+    lines = (Path(log_dir) / "serial.spans").read_text().splitlines()
+    return sorted(((w, float(t)) for w, t in map(str.split, lines)), key=lambda e: e[1])
+
+
+@node(output_name="size", batch_size=B, timeout=0.5)
+async def ab_slow(text: list[str], log_dir: list[str]) -> list[int]:
+    """A call holding ``"slow"`` outlives its timeout."""
+    record(log_dir, "slow", text)
+    if "slow" in text:
+        await asyncio.sleep(30)
     return [len(t) for t in text]
 
 

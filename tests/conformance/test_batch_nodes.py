@@ -11,6 +11,7 @@ import pytest
 
 from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.execution.batchcall import BatchLengthError
+from hypernodes_dist.policies import NodeTimeoutError
 
 from . import batch_graphs as BG
 
@@ -188,3 +189,27 @@ def test_a_resource_is_passed_as_itself(engine, logs):
     res = g.map({"text": texts, "log_dir": logs}, map_over="text")
     assert [r["labelled"] for r in res] == [f"{len(t)} chars" for t in texts]
     _check_calls(BG.calls(logs, "label"), texts)
+
+
+def test_concurrency_counts_calls(engine, logs):
+    texts = [f"c{i}" for i in range(12)]
+    res = Graph([BG.ab_serial], engine=engine).map({"text": texts, "log_dir": logs},
+                                                   map_over="text")
+    assert [r["size"] for r in res] == [len(t) for t in texts]
+    order = [w for w, _ in BG.spans(logs)]
+    assert order == ["start", "end"] * (len(order) // 2)  # no two calls overlap
+    assert len(order) // 2 == 3  # 12 items, calls of 4
+
+
+def test_a_timeout_bounds_the_call_and_fails_its_items(engine, logs):
+    texts = [f"s{i}" for i in range(8)]
+    texts[2] = "slow"
+    res = Graph([BG.ab_slow], engine=engine).map({"text": texts, "log_dir": logs},
+                                                 map_over="text", on_error="collect")
+    slow_call = next(c for c in BG.calls(logs, "slow") if "slow" in c)
+    for t, r in zip(texts, res):
+        if t in slow_call:
+            assert isinstance(r.error, NodeTimeoutError)
+            assert "ab_slow" in str(r.error)
+        else:
+            assert r["size"] == len(t)
