@@ -294,12 +294,14 @@ def main() -> None:
         return
     parts = args.parts.split(",")
     results: dict[str, Any] = {"machine": {"python": platform.python_version(),
-                                           "cpus": os.cpu_count()}, "parts": {}}
+                                           "cpus": os.cpu_count(),
+                                           "load_before": os.getloadavg()}, "parts": {}}
     if "api" in parts:
         results["parts"]["api"] = bench_api(args.rows, min(args.per_row_rows, args.rows),
                                             args.repeat)
     if "arrow" in parts:
         results["parts"]["arrow"] = bench_arrow(args.arrow_rows)
+    results["machine"]["load_after"] = os.getloadavg()
     print("\n".join(table(results)))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "batch.json").write_text(json.dumps(results, indent=2) + "\n")
