@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from hypernodes_dist import END, Graph, gate, node
+from hypernodes_dist import END, Graph, gate, node, resource
 from hypernodes_dist.execution.batchcall import BatchLengthError
 
 CALLS: list[list[int]] = []
@@ -94,3 +94,48 @@ def test_error_texts_name_the_node_and_both_lengths():
     res = Graph([two_lists]).map({"x": [1, 2, 3]}, map_over="x", on_error="collect")
     assert all(isinstance(r.error, BatchLengthError) for r in res)
     assert "called with 3 items and returned 2 values for output 'b'" in str(res[0].error)
+
+
+@resource
+def tagger(prefix: str = "#"):
+    """A resource reading a broadcast input: passed once, not as a list."""
+    return {"prefix": prefix}
+
+
+@node(output_name="tagged", batch_size=2)
+def tag(word: list[str], tagger: dict) -> list[str]:
+    return [tagger["prefix"] + w for w in word]
+
+
+def test_a_resource_reading_a_broadcast_input():
+    g = Graph([tagger, tag])
+    res = g.map({"word": ["a", "b", "c"], "prefix": "@"}, map_over="word")
+    assert [r["tagged"] for r in res] == ["@a", "@b", "@c"]
+    assert g.run({"word": "z"})["tagged"] == "#z"
+
+
+class Ends:
+    def __init__(self) -> None:
+        self.events = []
+
+    def on_node_end(self, event) -> None:
+        self.events.append(event)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_events_and_history_stay_per_item(kind):
+    @node(output_name="y", batch_size=4)
+    def sync_double(x: list[int]) -> list[int]:
+        return [v * 2 for v in x]
+
+    @node(output_name="y", batch_size=4)
+    async def async_double(x: list[int]) -> list[int]:
+        await asyncio.sleep(0.001)
+        return [v * 2 for v in x]
+
+    ends = Ends()
+    double = sync_double if kind == "sync" else async_double
+    res = Graph([double], callbacks=[ends]).map({"x": list(range(10))}, map_over="x")
+    assert sorted((e.item_index, e.outputs["y"]) for e in ends.events) == [
+        (i, i * 2) for i in range(10)]
+    assert all(len(r.history) == 1 and r.history[0].node_id == double.name for r in res)
