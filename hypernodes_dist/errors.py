@@ -17,6 +17,7 @@ __all__ = [
     "GraphInputError",
     "MaxIterationsError",
     "GateDecisionError",
+    "BatchLengthError",
     "NodeError",
     "EngineNotFoundError",
     "UnpicklableError",
@@ -69,6 +70,11 @@ class MaxIterationsError(RuntimeError):
 
 class GateDecisionError(ValueError):
     """A branch or gate returned something that is not one of its declared targets."""
+
+
+class BatchLengthError(ValueError):
+    """A batch node (``@node(batch_size=N)``) returned another number of values than the
+    items it was called with: every item of that call fails with it."""
 
 
 class NodeError(RuntimeError):

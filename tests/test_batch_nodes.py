@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 
 from hypernodes_dist import END, Graph, gate, node, resource
-from hypernodes_dist.execution.batchcall import BatchLengthError
+from hypernodes_dist.errors import BatchLengthError
 
 CALLS: list[list[int]] = []
 

@@ -15,14 +15,11 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from hypernodes_dist.errors import BatchLengthError
 from hypernodes_dist.nodes import HyperNode
 
 __all__ = ["BatchLengthError", "batched", "call_kwargs", "invoke", "unpack", "each_item",
            "call_single"]
-
-
-class BatchLengthError(ValueError):
-    """A batch node returned another number of values than the items it was called with."""
 
 
 _BATCHED: weakref.WeakKeyDictionary[HyperNode, tuple[bool, ...]] = weakref.WeakKeyDictionary()

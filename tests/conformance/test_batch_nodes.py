@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from hypernodes_dist import DiskCache, Graph
-from hypernodes_dist.execution.batchcall import BatchLengthError
+from hypernodes_dist.errors import BatchLengthError
 from hypernodes_dist.policies import NodeTimeoutError
 
 from . import batch_graphs as BG
