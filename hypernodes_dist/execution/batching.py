@@ -85,30 +85,28 @@ async def run_call(node: HyperNode, columns: Sequence[list[Any]], n: int,
 # ----------------------------------------------------------------------------- columns
 
 
-def _groups(todo: Sequence[int], size: int) -> list[Sequence[int]]:
-    return [todo[k:k + size] for k in range(0, len(todo), size)]
-
-
 OnCall = Callable[[Sequence[int], list[Any], float, float], None]
 Done = tuple[list[Any], float, float]  # a call's values, start and end
 
 
 async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[Any]],
                       guard: Guard | None, first: int, limit: int | None,
-                      on_call: OnCall, keys: Sequence[str] | None = None) -> None:
+                      on_call: OnCall, keys: Sequence[str] | None = None,
+                      scope: str = "") -> None:
     """Calls over the items ``todo`` (argument iterators ``its``, one per parameter), in
     item order; after each, ``on_call(positions, values, start, end)``: the call's positions
     in ``todo``, per item its value or an ``Exception`` (its failure). ``first``: the
     chunk's offset (item numbers in policy events); ``limit``: async calls in flight
     (``None``: all); ``keys``: the items' cache keys: an item whose key a call of another
-    batch of this process is computing waits for it instead of entering a call."""
+    batch of the same map (``scope``) in this process computes, or has just computed, takes
+    its value instead of entering a call."""
     columns = [list(it) for it in its]
     blocking = not (node.is_async or node.streaming)
     own: Sequence[int] = range(len(todo))  # slices of a range stay ranges: no list per call
     twins: dict[int, Future[Done]] = {}
     claimed: dict[str, Future[Done]] = {}
     if keys is not None:
-        own, twins, claimed = _claim(node, keys, blocking)
+        own, twins, claimed = _claim(node, scope, keys, blocking)
     size = node.batch_size or 1
     groups = [own[k:k + size] for k in range(0, len(own), size)]
 
@@ -139,7 +137,7 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
         else:
             await _gather(groups, twins, one, on_call, limit)
     finally:
-        _release(node, claimed)
+        _release(node, scope, claimed)
 
 
 async def _twin(future: Future[Done], one: Callable[[Sequence[int]], Any], on_call: OnCall,
@@ -182,43 +180,64 @@ async def _gather(groups: list[Sequence[int]], twins: dict[int, Future[Done]],
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-_RUNNING: weakref.WeakKeyDictionary[HyperNode, dict[str, tuple[Future[Done], int]]] = (
-    weakref.WeakKeyDictionary())
+Claims = dict[str, tuple[Future[Done], int]]  # key -> (its call's result, thread)
+# per node, per map (its run prefix): the keys whose calls are in flight or just finished
+_RUNNING: weakref.WeakKeyDictionary[HyperNode, dict[str, Claims]] = weakref.WeakKeyDictionary()
+RECENT = 4096  # finished calls' results kept per node and map: a batch that missed the
+# cache before another batch's call finished (its writes not in the cache yet) reuses them
+MAPS = 8  # maps remembered per node (the oldest go first)
 
 
-def _claim(node: HyperNode, keys: Sequence[str], blocking: bool
+def _claims(node: HyperNode, scope: str) -> Claims:
+    maps = _RUNNING.setdefault(node, {})
+    found = maps.get(scope)
+    if found is None:
+        found = maps[scope] = {}
+        for old in list(maps)[:-MAPS]:
+            if all(f.done() for f, _ in maps[old].values()):
+                del maps[old]
+    return found
+
+
+def _claim(node: HyperNode, scope: str, keys: Sequence[str], blocking: bool
            ) -> tuple[list[int], dict[int, Future[Done]], dict[str, Future[Done]]]:
-    """Positions to call, positions served by another batch's call (its futures), and the
-    keys this batch claims. A blocking batch never waits on its own thread's claims (a
-    sync batch runs its calls without letting another batch of its thread in)."""
+    """Positions to call, positions served by another batch's call of the same map (its
+    futures: in flight, or finished a moment ago), and the keys this batch claims. A
+    blocking batch never waits on its own thread's calls in flight (a sync batch runs its
+    calls without letting another batch of its thread in)."""
     me = threading.get_ident()
     with _lock:
-        running = _RUNNING.setdefault(node, {})
+        running = _claims(node, scope)
         own, twins, claimed = [], {}, {}
         for k, key in enumerate(keys):
             found = running.get(key) if key else None
-            if found is not None and not found[0].done() and not (blocking and found[1] == me):
+            if found is not None and not found[0].cancelled() and (
+                    found[0].done() or not (blocking and found[1] == me)):
                 twins[k] = found[0]
                 continue
             own.append(k)
             if key:
                 claimed[key] = Future()
                 running[key] = (claimed[key], me)
-    return own, twins, claimed
+    return (range(len(keys)) if not twins else own), twins, claimed  # type: ignore[return-value]
 
 
-def _release(node: HyperNode, claimed: dict[str, Future[Done]]) -> None:
-    """This batch's calls are over: its keys are no longer in flight (waiters of a call
-    that never ran are cancelled, and call it themselves)."""
+def _release(node: HyperNode, scope: str, claimed: dict[str, Future[Done]]) -> None:
+    """This batch's calls are over: keys whose call never ran or failed are no longer
+    claimed (later batches call them); finished ones stay, the last ``RECENT``."""
     if not claimed:
         return
     with _lock:
-        running = _RUNNING.get(node, {})
+        running = _claims(node, scope)
         for key, future in claimed.items():
-            found = running.get(key)
-            if found is not None and found[0] is future:
+            if future.cancel() or isinstance(future.result()[0][0], Exception):
+                found = running.get(key)
+                if found is not None and found[0] is future:
+                    del running[key]
+        excess = len(running) - RECENT
+        if excess > 0:
+            for key in [k for k, (f, _) in running.items() if f.done()][:excess]:
                 del running[key]
-            future.cancel()  # no-op when it has its result
 
 
 # ----------------------------------------------------------------------------- flows

@@ -139,7 +139,7 @@ class ColumnCalls:
         node_keys = self.node_keys.get(node.name)
         keys = None if node_keys is None else [node_keys[i] for i in todo]
         await call_column(node, todo, self._args(node, todo), guard, self.chunk.offset,
-                          self.settings.concurrency, on_call, keys)
+                          self.settings.concurrency, on_call, keys, self.settings.run_prefix)
         return out
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
