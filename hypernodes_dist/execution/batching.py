@@ -183,9 +183,9 @@ async def _gather(groups: list[Sequence[int]], twins: dict[int, Future[Done]],
 Claims = dict[str, tuple[Future[Done], int]]  # key -> (its call's result, thread)
 # per node, per map (its run prefix): the keys whose calls are in flight or just finished
 _RUNNING: weakref.WeakKeyDictionary[HyperNode, dict[str, Claims]] = weakref.WeakKeyDictionary()
-RECENT = 4096  # finished calls' results kept per node and map: a batch that missed the
+RECENT = 1024  # finished calls' results kept per node and map: a batch that missed the
 # cache before another batch's call finished (its writes not in the cache yet) reuses them
-MAPS = 8  # maps remembered per node (the oldest go first)
+MAPS = 4  # maps remembered per node (the oldest go first)
 
 
 def _claims(node: HyperNode, scope: str) -> Claims:
@@ -240,6 +240,26 @@ def _release(node: HyperNode, scope: str, claimed: dict[str, Future[Done]]) -> N
                 del running[key]
 
 
+def _remember(node: HyperNode, scope: str, key: str, done: Done) -> None:
+    """A flow's call computed ``key``: later batches of the map take it (``_recent``)."""
+    future: Future[Done] = Future()
+    future.set_result(done)
+    with _lock:
+        running = _claims(node, scope)
+        running[key] = (future, threading.get_ident())
+        if len(running) > RECENT:
+            for old in [k for k, (f, _) in running.items() if f.done()][:len(running) - RECENT]:
+                del running[old]
+
+
+def _recent(node: HyperNode, scope: str, key: str) -> Done | None:
+    with _lock:
+        found = _claims(node, scope).get(key)
+    if found is None or not found[0].done() or found[0].cancelled():
+        return None
+    return found[0].result()
+
+
 # ----------------------------------------------------------------------------- flows
 
 
@@ -247,7 +267,7 @@ class _Call:
     """Items waiting to enter one call (flows): their arguments, numbers and futures;
     ``twins``: items of other batches with the key of a slot, served by that slot."""
 
-    __slots__ = ("rows", "items", "futures", "guard", "task", "twins")
+    __slots__ = ("rows", "items", "futures", "guard", "task", "twins", "keys")
 
     def __init__(self, guard: Guard | None) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -256,6 +276,7 @@ class _Call:
         self.guard = guard
         self.task: asyncio.Task[None] | None = None
         self.twins: dict[int, list[asyncio.Future[Any]]] = {}
+        self.keys: list[tuple[str, str] | None] = []  # per slot: (map, cache key)
 
     def waiting(self) -> bool:
         """Whether an item still waits for this call."""
@@ -274,7 +295,7 @@ class _Filler:
         self.keys: dict[str, tuple[_Call, int]] = {}  # cache key -> the slot computing it
 
     def submit(self, kwargs: dict[str, Any], guard: Guard | None, item: int,
-               key: str | None) -> tuple[_Call, asyncio.Future[Any]]:
+               key: str | None, scope: str) -> tuple[_Call, asyncio.Future[Any]]:
         future = self.loop.create_future()
         if key:
             found = self.keys.get(key)
@@ -288,6 +309,7 @@ class _Filler:
         if key:
             self.keys[key] = (call, len(call.rows))
         call.rows.append(kwargs)
+        call.keys.append((scope, key) if key else None)
         call.items.append(item)
         call.futures.append(future)
         if len(call.rows) >= (self.node.batch_size or 1):
@@ -320,6 +342,9 @@ class _Filler:
                 start, values = time.perf_counter(), each_item(exc, len(live))
             end = time.perf_counter()
             for k, value in zip(live, values):
+                scoped = call.keys[k]
+                if scoped is not None and not isinstance(value, Exception):
+                    _remember(node, *scoped, ([value], start, end))
                 futures = [call.futures[k], *call.twins.get(k, ())]
                 each = each_item(value, len(futures)) if isinstance(value, Exception) else (
                     [value] * len(futures))
@@ -370,12 +395,17 @@ def _filler(node: HyperNode) -> _Filler:
 
 
 async def fill(node: HyperNode, kwargs: dict[str, Any], guard: Guard | None,
-               item: int, key: str | None = None) -> tuple[Any, float, float]:
+               item: int, key: str | None = None, scope: str = "") -> tuple[Any, float, float]:
     """Item ``item``'s value through a shared call of ``node`` (flows): ``(value, start,
     end)`` of its call; raises the item's error. Items with one cache ``key`` share a
-    slot (identical keys enter once, across the batches of the flow)."""
+    slot (identical keys enter once, across the batches of the flow), or take the value a
+    call of the same map (``scope``) has just computed."""
+    if key:
+        done = _recent(node, scope, key)
+        if done is not None:
+            return done[0][0], done[1], done[2]
     filler = _filler(node)
-    call, future = filler.submit(kwargs, guard, item, key)
+    call, future = filler.submit(kwargs, guard, item, key, scope)
     try:
         value, start, end = await future
     except asyncio.CancelledError:

@@ -133,7 +133,8 @@ class ItemFlow(Columnar):
         t1 = None
         try:
             if node.batch_size is not None:  # the item joins a shared call (batching.py)
-                value, t0, t1 = await fill(node, kwargs, guard, self.chunk.offset + i, key)
+                value, t0, t1 = await fill(node, kwargs, guard, self.chunk.offset + i, key,
+                                          self.settings.run_prefix)
             else:
                 value, t0 = await timed_call(node, kwargs, guard, self.chunk.offset + i)
         except Exception as exc:
