@@ -1,10 +1,13 @@
 """Dataset enrichment: the README's ``make demo``.
 
-Writes a product catalogue as a Parquet file, then maps it -- one row per item -- through a
-graph of several nodes, one of them a slow, flaky "API" (async, random latency and
-failures), with the disk cache on. The map reads the Parquet file in parts and writes its
-results as a Parquet dataset (``into=``): the rows never sit in one list in memory. Prints
-a results table, the errors table and a throughput/cache summary.
+Writes a product catalogue as a Parquet file, starts a local OpenAI-compatible API on
+127.0.0.1 (``hypernodes_bench.llm_server``: 10-30 ms answers, 5% of requests fail with HTTP
+500; no network), then maps the catalogue -- one row per item -- through a graph of
+several nodes, one of them an LLM call per row made with a real HTTP client
+(``httpx.AsyncClient``, one connection pool per worker process, held by a ``@resource``),
+with the disk cache on. The map reads the Parquet file in parts and writes its results as a
+Parquet dataset (``into=``): the rows never sit in one list in memory. Prints a results
+table, the errors table and a throughput/cache summary.
 
 Run it twice: the second run finds every part already written and computes nothing; a run
 killed halfway computes only the parts that have no output file yet.
@@ -15,15 +18,16 @@ killed halfway computes only the parts that have no output file yet.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hypernodes_dist import DiskCache, Graph, branch, node
+from hypernodes_bench.llm_server import LLMServer
+from hypernodes_dist import DiskCache, Graph, branch, node, resource
 from hypernodes_dist.events import NodeEndEvent, PolicyEvent
 from hypernodes_dist.policies import exponential
 
@@ -42,33 +46,31 @@ def write_catalogue(path: Path, rows: int, seed: int = 7) -> None:
                              "price": prices}), path, row_group_size=50_000)
 
 
-class FlakyAPIError(ConnectionError):
-    """The simulated enrichment API failed for one request."""
-
-
 @node(output_name="clean_title")
 def normalize(title: str) -> str:
     return " ".join(title.split()).title()
 
 
-# The provider allows 4000 requests/s (every attempt counts), answers in ~2 ms, fails 5% of
-# requests and leaves 0.5% hanging: each attempt gets 0.5 s, a failed or hung request is
-# retried up to 3 times with a short exponential backoff. The limits hold across all
+@resource
+async def api(base_url: str):
+    """One HTTP client (and connection pool) per worker process, closed at the end."""
+    client = httpx.AsyncClient(base_url=base_url, timeout=5.0)
+    yield client
+    await client.aclose()
+
+
+# The provider answers in 10-30 ms and fails 5% of requests: each call is retried up to 3
+# times with a short exponential backoff; at most 64 calls are in flight, across all
 # processes of the machine (and a whole Dask distributed cluster), not per worker.
-@node(output_name=("category", "confidence"), retries=3, backoff=exponential(base=0.05),
-      timeout=0.5, rate_limit="4000/second")
-async def classify(clean_title: str, latency_ms: float = 2.0, failure_rate: float = 0.05,
-                   hang_rate: float = 0.005) -> tuple:
-    """A slow, flaky API call: random latency, some requests fail or hang (and are retried)."""
-    rng = random.Random(clean_title + str(time.monotonic_ns()))
-    if rng.random() < hang_rate:
-        await asyncio.sleep(60)  # cut off by timeout=0.5, then retried
-    await asyncio.sleep(rng.uniform(0.5, 1.5) * latency_ms / 1000)
-    if rng.random() < failure_rate:
-        raise FlakyAPIError(f"API timeout for {clean_title!r}")
-    noun = clean_title.split()[1].lower()
-    category = "outdoor" if noun in {"backpack", "tent", "drone"} else "home"
-    return category, round(0.6 + (sum(map(ord, noun)) % 40) / 100, 2)
+@node(output_name=("sentiment", "tokens"), retries=3, backoff=exponential(base=0.05),
+      retry_on=httpx.HTTPError, timeout=5.0, concurrency=64)
+async def classify(clean_title: str, api) -> tuple:
+    """An LLM call per row through the API client the resource holds."""
+    r = await api.post("/chat/completions", json={
+        "model": "loopback", "messages": [{"role": "user", "content": clean_title}]})
+    r.raise_for_status()
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]["total_tokens"]
 
 
 @branch(when_true="premium_copy", when_false="standard_copy")
@@ -77,16 +79,16 @@ def is_premium(price: float) -> bool:
 
 
 @node(output_name="blurb")
-def premium_copy(clean_title: str, category: str) -> str:
-    return f"{clean_title}: a premium pick for {category} lovers."
+def premium_copy(clean_title: str, sentiment: str) -> str:
+    return f"{clean_title}: a premium pick ({sentiment} reviews)."
 
 
 @node(output_name="blurb")
-def standard_copy(clean_title: str, category: str) -> str:
-    return f"{clean_title} — great value for your {category}."
+def standard_copy(clean_title: str, sentiment: str) -> str:
+    return f"{clean_title} — great value ({sentiment} reviews)."
 
 
-GRAPH_NODES = [normalize, classify, is_premium, premium_copy, standard_copy]
+GRAPH_NODES = [api, normalize, classify, is_premium, premium_copy, standard_copy]
 
 
 class Counter:
@@ -136,23 +138,27 @@ def main(argv: list[str] | None = None) -> None:
     counter = Counter()
     graph = Graph(GRAPH_NODES, engine=make_engine(args.engine), cache=DiskCache(args.cache),
                   callbacks=[counter])
-    t0 = time.perf_counter()
-    result = graph.map(
-        source=str(catalogue),                 # each row is one item; inputs read its columns
-        keep=["sku", "price"],                 # source columns copied into every output row
-        into=out / f"enriched-{args.rows}",    # Parquet files, written part by part
-        select=["clean_title", "category", "confidence", "blurb"],
-        on_error="collect",
-        progress=not args.no_progress,
-    )
-    elapsed = time.perf_counter() - t0
+    with LLMServer(latency=(0.010, 0.030), fail_rate=0.05) as server:
+        t0 = time.perf_counter()
+        result = graph.map(
+            source=str(catalogue),               # each row is one item; inputs read its columns
+            inputs={"base_url": server.base_url},  # broadcast: what the `api` resource reads
+            keep=["sku", "price"],               # source columns copied into every output row
+            into=out / f"enriched-{args.rows}",  # Parquet files, written part by part
+            select=["clean_title", "sentiment", "tokens", "blurb"],
+            on_error="collect",
+            progress=not args.no_progress,
+        )
+        elapsed = time.perf_counter() - t0
+        requests = server.stats()["requests"]
+        graph.engine.close()  # tears the resource down (closes the client) while the API is up
 
     head = result.dataset().head(8).to_pylist()
-    print(f"\n{'sku':<11} {'title':<24} {'price':>8} {'category':<8} {'conf':>5}  blurb")
+    print(f"\n{'sku':<11} {'title':<24} {'price':>8} {'sentiment':<9} {'tok':>4}  blurb")
     for row in head:
         if row["_hn_error"] is None:
             print(f"{row['sku']:<11} {row['clean_title']:<24} {row['price']:>8.2f} "
-                  f"{row['category']:<8} {row['confidence']:>5.2f}  {row['blurb']}")
+                  f"{row['sentiment']:<9} {row['tokens']:>4}  {row['blurb']}")
         else:
             print(f"{row['sku']:<11} failed: {row['_hn_error']}")
     total = counter.executed + counter.cached
@@ -163,10 +169,9 @@ def main(argv: list[str] | None = None) -> None:
           f"({100 * counter.cached / max(total, 1):.0f}%)")
     p = counter.policy
     print(f"classify policy: retries={p['retry']} timeouts={p['timeout']} "
-          f"rate-limit waits={p['throttle']} ({counter.throttled_s:.1f} s summed over calls)")
+          f"concurrency waits={p['throttle']}; requests at the API: {requests}")
     for row in result.errors.slice(0, 3).to_pylist():
         print(f"  row {row['_hn_row']} failed in {row['node']}: {row['error']}")
-    graph.engine.close()
 
 
 if __name__ == "__main__":
