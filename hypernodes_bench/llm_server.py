@@ -207,7 +207,9 @@ def _serve(args: argparse.Namespace) -> None:
     web_app.router.add_post("/reset", reset)
 
     async def main() -> None:
-        runner = web.AppRunner(web_app, access_log=None)
+        # idle keep-alive connections stay open: a server closing one while a client sends
+        # on it is a lost request for clients without a timeout
+        runner = web.AppRunner(web_app, access_log=None, keepalive_timeout=3600)
         await runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

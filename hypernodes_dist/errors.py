@@ -116,7 +116,14 @@ class ResourceError(RuntimeError):
         self.worker = worker
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.resource, self.worker))
+        """Pickles with its ``__cause__`` (the build's own error) when that one pickles."""
+        state: dict[str, Any] = {}
+        try:
+            pickle.dumps(self.__cause__)
+            state["__cause__"] = self.__cause__
+        except Exception:  # noqa: S110 - the message names the cause already
+            pass
+        return (type(self), (str(self), self.resource, self.worker), state)
 
 
 def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseException:

@@ -1,0 +1,104 @@
+"""``@resource`` on every engine, with real clients (``openai``, ``httpx``, ``aiohttp``)
+against a loopback OpenAI-compatible server that fails 5% of requests: built at most once
+per process across maps, never shipped, torn down by ``engine.close()``, a failed build
+fails every item with ``ResourceError``; a module-level client works across maps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_dist import Graph
+from hypernodes_dist.errors import ResourceError
+
+from . import resource_graphs as R
+
+TEXTS = [f"review {i}: " + "good " * (i % 5) for i in range(120)]
+
+
+@pytest.fixture(scope="module")
+def flaky_server():
+    with LLMServer(latency=(0.002, 0.010), fail_rate=0.05) as server:
+        yield server
+
+
+@pytest.fixture
+def logs(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    return str(d)
+
+
+def _labels_ok(res, texts=TEXTS) -> bool:
+    return [r.status for r in res] == ["complete"] * len(texts) and [
+        r["label"] for r in res] == [label_of(t) for t in texts]
+
+
+def _wait_for(log_dir: str, name: str, expected: dict[int, int], timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = R.events(log_dir, "teardown", name)
+        if found == expected:
+            return found
+        time.sleep(0.1)
+    return R.events(log_dir, "teardown", name)
+
+
+def test_openai_client_built_once_per_process_across_maps(engine, flaky_server, logs):
+    graph = Graph([R.llm, R.classify], engine=engine)
+    assert "llm" not in graph.inputs
+    inputs = {"text": TEXTS, "base_url": flaky_server.base_url, "log_dir": logs}
+    for _ in range(2):
+        assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
+    builds = R.events(logs, "build", "llm")
+    assert builds and all(n == 1 for n in builds.values())
+
+
+@pytest.mark.parametrize("nodes,name", [
+    ([R.web, R.classify_httpx], "web"),
+    ([R.session, R.classify_aiohttp], "session"),
+], ids=["httpx", "aiohttp"])
+def test_async_resources_torn_down_when_the_engine_closes(request, engine, flaky_server, logs,
+                                                          nodes, name):
+    fresh = request.node.callspec.params["engine"]()  # a new one of this kind, closed here
+    try:
+        graph = Graph(nodes, engine=fresh)
+        inputs = {"text": TEXTS, "base_url": flaky_server.base_url, "log_dir": logs}
+        assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
+        assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
+    finally:
+        fresh.close()
+    builds = R.events(logs, "build", name)
+    assert builds and all(n == 1 for n in builds.values())
+    assert _wait_for(logs, name, builds) == builds  # each process that built it, once
+
+
+def test_a_resource_taking_a_resource_with_a_sync_client(engine, flaky_server, logs):
+    graph = Graph([R.settings, R.configured, R.classify_sync], engine=engine)
+    assert set(graph.inputs) == {"text", "base_url", "log_dir"}
+    inputs = {"text": TEXTS[:40], "base_url": flaky_server.base_url, "log_dir": logs}
+    assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"), TEXTS[:40])
+    for name in ("settings", "configured"):
+        assert all(n == 1 for n in R.events(logs, "build", name).values())
+
+
+def test_a_failed_build_fails_every_item_naming_resource_and_worker(engine, logs):
+    graph = Graph([R.broken, R.needs_broken], engine=engine)
+    res = graph.map({"text": TEXTS[:20], "log_dir": logs}, map_over="text", on_error="collect")
+    assert len(res.errors) == 20
+    for r in res:
+        assert isinstance(r.error, ResourceError), r.error
+        assert r.error.resource == "broken" and r.error.worker
+        assert "'broken'" in str(r.error) and r.error.worker in str(r.error)
+        assert isinstance(r.error.__cause__, ConnectionRefusedError)
+    with pytest.raises(ResourceError, match="resource 'broken' failed on worker"):
+        graph.map({"text": TEXTS[:3], "log_dir": logs}, map_over="text")
+
+
+def test_a_module_level_client_works_across_maps(engine, flaky_server):
+    graph = Graph([R.classify_global], engine=engine)
+    inputs = {"text": TEXTS, "base_url": flaky_server.base_url}
+    for _ in range(2):  # its connection pool is bound to the loop of its first use
+        assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
