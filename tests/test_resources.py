@@ -4,14 +4,18 @@ per-process registry (one build for concurrent first calls, sync and async mixes
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 
 import pytest
 
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import DiskCache, Graph, node, resource
 from hypernodes_dist.errors import GraphBuildError, GraphInputError, ResourceError
 from hypernodes_dist.resources import release_resources
 from hypernodes_dist.resources.registry import REGISTRY
+from tests.conformance import resource_graphs as R
 
 BUILDS: list[str] = []
 
@@ -166,3 +170,51 @@ def test_concurrent_first_calls_from_threads_build_once():
         t.join()
     assert sorted(outs) == sorted(f"hi:{i}" for i in range(8))
     assert BUILDS.count("counter") == 1 and len(REGISTRY.entries) == 2
+
+
+def test_the_notebook_case_one_loop_for_maps_inside_a_running_loop_then_arun(llm_server):
+    """Jupyter: ``map()`` twice while a loop runs, then ``await arun()``; a module-level
+    client (bound to the loop of its first use) works in all three."""
+    graph = Graph([R.classify_global])
+    texts = ["a b", "c", "d e f"]
+
+    async def notebook():
+        inputs = {"text": texts, "base_url": llm_server.base_url}
+        first = graph.map(inputs, map_over="text")
+        second = graph.map(inputs, map_over="text")
+        last = await graph.arun({"text": "g h", "base_url": llm_server.base_url})
+        return first, second, last
+
+    first, second, last = asyncio.run(notebook())
+    want = [label_of(t) for t in texts]
+    assert [r["label"] for r in first] == want == [r["label"] for r in second]
+    assert last["label"] == label_of("g h")
+
+
+SCRIPT = '''
+import openai
+from hypernodes_dist import Graph, node
+from hypernodes_dist.engines import DaskEngine
+
+client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x")
+
+@node(output_name="label")
+async def classify(text: str) -> str:
+    r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+    return r.choices[0].message.content
+
+if __name__ == "__main__":
+    Graph([classify], engine=DaskEngine(scheduler="processes", num_workers=1)).map(
+        {"text": ["a"]}, map_over="text")
+'''
+
+
+def test_a_script_global_that_cannot_be_shipped_is_named_before_anything_runs(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("hypernodes_dist.errors.UnpicklableError")
+    assert "'classify' reads 'client' (AsyncOpenAI)" in last and "@resource" in last
