@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from hypernodes_dist.errors import (
     AmbiguousProducerError,
     DuplicateNodeError,
+    GraphBuildError,
     InvalidCycleError,
     UnknownTargetError,
 )
@@ -57,6 +58,7 @@ def analyze(nodes: Sequence[HyperNode]) -> Topology:
     ancestors = _ancestors(order, successors, back_edges)
     components = tuple(c for c in _sccs(sorted(by_name), successors) if _loops(c, successors))
     inputs, required = _inputs(by_name, producers)
+    _check_defaults(by_name, inputs)
     return Topology(
         order=order,
         producers=producers,
@@ -306,6 +308,31 @@ def _ancestors(
             if (v, w) not in back:
                 anc[w] |= anc[v] | (1 << pos[v])
     return anc
+
+
+def _check_defaults(by_name: dict[str, HyperNode], inputs: tuple[str, ...]) -> None:
+    """One graph input read by several nodes with different defaults is ambiguous: reject
+    it, naming the nodes and their defaults. A default that defers to the readers' own
+    (a nested graph's optional input: ``hn_inherit_default``) takes no side."""
+    for p in inputs:
+        found = [(n.name, n.defaults[p]) for name, n in sorted(by_name.items())
+                 if p in n.params and p in n.defaults
+                 and not getattr(type(n.defaults[p]), "hn_inherit_default", False)]
+        if any(not _same(found[0][1], v) for _, v in found[1:]):
+            listed = ", ".join(f"{name}({p}={v!r})" for name, v in found)
+            raise GraphBuildError(
+                f"graph input {p!r} has different defaults in its readers: {listed}; give them "
+                f"one default, or rename the parameter in one of them",
+                [name for name, _ in found])
+
+
+def _same(a: object, b: object) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # values that do not compare (arrays): not provably different
+        return True
 
 
 def _inputs(

@@ -22,7 +22,7 @@ from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.inputs import expand
 from hypernodes_dist.nodes import FunctionNode
-from hypernodes_dist.plan import MISSING, Plan, PlannedGraph
+from hypernodes_dist.plan import MISSING, Plan, PlannedGraph, compile_plan
 
 __all__ = ["GraphNode", "graph_node", "OMITTED"]
 
@@ -31,6 +31,7 @@ class _Omitted:
     """Default of an optional inner input: the inner nodes use their own defaults."""
 
     __slots__ = ()
+    hn_inherit_default = True  # takes no side in a graph's check of conflicting defaults
 
     def __repr__(self) -> str:
         return "OMITTED"
@@ -118,12 +119,17 @@ class _NestedCall:
                 settings.responses = {i.name: given.pop(i.name) for i in self.plan.interrupts
                                       if i.name in given}
                 settings.handlers = parent.handlers
+        reporting = parent is not None and parent.emit is not None
+        if reporting:  # a failing inner run reports its events (the failing node's) too
+            settings.on_error = "collect"
         batch = await run_batch(self.plan, chunk, settings)
-        if parent is not None and parent.emit is not None:
+        if reporting:
             for event in expanded(batch.events):
                 if event.parent_run_id is None:
                     event.parent_run_id = parent.run_id
                 parent.emit(event)
+        if batch.errors:  # the first failed element's own exception fails the nested node
+            raise batch.errors[min(batch.errors)]
         if batch.paused:  # an interrupt with no answer: the calling run pauses too
             name, value = batch.paused[min(batch.paused)]
             raise NestedPause(name, value, self.plan.interrupt(name).response_param)  # type: ignore[attr-defined]
@@ -135,6 +141,25 @@ class _NestedCall:
         wiring = repr((sorted(self.rename_in.items()), sorted(self.outputs.items()),
                        self.map_over, self.map_mode))
         return combine(self.plan.graph_hash, *(f"{k}={v}" for k, v in sorted(ids.items())), wiring)
+
+
+def needed_for(plan: Plan, outputs: Sequence[str]) -> Plan:
+    """``plan`` cut down to the producers of ``outputs`` and what they need (their
+    ancestors, data and activation edges alike): the other nodes would only compute
+    results nobody reads. Plans with cycles, and cuts that would drop a branch or gate
+    target, stay whole."""
+    if plan.topology.has_cycles:
+        return plan
+    keep = 0
+    for output in outputs:
+        for producer in plan.producers[output]:
+            i = plan.position[producer]
+            keep |= plan.ancestors[i] | 1 << i
+    kept = [n for i, n in enumerate(plan.nodes) if keep >> i & 1]
+    names = {n.name for n in kept}
+    if len(kept) == len(plan.nodes) or any(t not in names for n in kept for t in n.targets):
+        return plan
+    return compile_plan(kept, plan.max_iterations, tuple(plan.resources))
 
 
 def graph_node(
@@ -173,6 +198,12 @@ def graph_node(
         raise GraphBuildError(
             f"nested graph {node_name!r}: map_over names {missing}, which are not inputs of the "
             f"inner graph ({', '.join(plan.inputs)})", [node_name])
+    if outputs:  # only what the exposed outputs need runs (and is an input)
+        plan = needed_for(plan, tuple(out_map.values()))
+        rename_in = {o: i for o, i in rename_in.items() if i in plan.inputs}
+        if any(m not in plan.inputs for m in mapped):
+            plan = graph.plan  # a mapped input nothing needed reads: keep the whole graph
+            rename_in = dict(inputs or {})
     outer_of = {inner: outer for outer, inner in rename_in.items()}
     params = tuple(outer_of.get(p, p) for p in plan.inputs)
     defaults = {outer_of.get(p, p): OMITTED for p in plan.inputs if p not in plan.required}

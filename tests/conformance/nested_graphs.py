@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+from pathlib import Path
+
 from hypernodes_dist import Graph, node
 
 
@@ -47,3 +51,45 @@ TWO_LEVEL = [CORPUS, best]
 
 def expected_norms(document: str, dim: int = 2) -> list:
     return [sum([len(p), p.count("a")][:dim]) for p in document.split("|") if p]
+
+
+# ------------------------------------------------------------------ edges (issue 27)
+
+
+def _mark(log_dir: str, name: str) -> None:
+    Path(log_dir, f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}").touch()
+
+
+def calls(log_dir: str, name: str) -> int:
+    return sum(1 for f in Path(log_dir).iterdir() if f.name.startswith(f"{name}-"))
+
+
+@node(output_name="a")
+def cheap(x: int, log_dir: str) -> int:
+    _mark(log_dir, "cheap")
+    return x + 1
+
+
+@node(output_name="b")
+def paid(x: int, log_dir: str) -> int:
+    _mark(log_dir, "paid")
+    return x * 100
+
+
+BOTH = Graph([cheap, paid], name="both")
+ONLY_A = BOTH.as_node(name="only_a", outputs={"only_a": "a"})
+
+
+@node(output_name="checked")
+def check(x: int) -> int:
+    if x == 2:
+        raise ValueError(f"inner check failed for {x}")
+    return x
+
+
+@node(output_name="after")
+def after_check(checked: int) -> int:
+    return checked + 1
+
+
+CHECKER = Graph([check, after_check], name="checker").as_node(name="checking")

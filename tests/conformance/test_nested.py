@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypernodes_dist import DiskCache, Graph, GraphEngine
+from hypernodes_dist import DiskCache, Graph, GraphEngine, node
 
 from . import nested_graphs as N
 
@@ -88,3 +88,56 @@ def test_inner_runs_of_run_report_with_parent(engine):
     inner = [e for e in ends if e.parent_run_id == r.run_id]
     assert sorted(e.node_id for e in inner) == ["embed", "embed", "norm", "norm"]
     assert {e.node_id for e in ends if e.parent_run_id is None} == {"split", "embed_each", "total"}
+
+
+# ------------------------------------------------------------------ edges (issue 27)
+
+
+class Errors:
+    """Records the order of node errors and run starts as the driver receives them."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, int | None]] = []
+
+    def on_node_error(self, event) -> None:
+        self.seen.append((event.node_id, event.parent_run_id, event.item_index))
+
+
+def test_a_failure_inside_reports_the_inner_node_then_the_nested_node(engine):
+    errors = Errors()
+    graph = Graph([N.CHECKER], engine=engine, callbacks=[errors])
+    res = graph.map({"x": [1, 2, 3]}, map_over="x", on_error="collect")
+    assert [r.status for r in res] == ["complete", "error", "complete"]
+    assert isinstance(res[1].error, ValueError) and "inner check failed" in str(res[1].error)
+    failed = [(node, parent is not None) for node, parent, _ in errors.seen]
+    assert failed == [("check", True), ("checking", False)]  # inner first, as a child run
+    assert errors.seen[0][1] == res[1].run_id  # the child of the failed item's run
+
+
+def test_dropped_inner_outputs_are_not_computed(engine, tmp_path):
+    logs = tmp_path / "calls"
+    logs.mkdir()
+    assert N.ONLY_A.params == ("log_dir", "x")
+    res = Graph([N.ONLY_A], engine=engine).map(
+        {"x": [1, 2, 3], "log_dir": str(logs)}, map_over="x")
+    assert [r["only_a"] for r in res] == [2, 3, 4]
+    assert N.calls(str(logs), "cheap") == 3 and N.calls(str(logs), "paid") == 0
+
+
+def test_conflicting_defaults_of_one_input_are_rejected_at_build(engine):
+    @node(output_name="y")
+    def f(a: int, b: int = 1) -> int:
+        return a + b
+
+    @node(output_name="z")
+    def g(c: int, b: int = 2) -> int:
+        return c + b
+
+    with pytest.raises(ValueError, match=r"'b' has different defaults.*f\(b=1\), g\(b=2\)"):
+        Graph([f, g], engine=engine)
+
+    @node(output_name="z")
+    def same(c: int, b: int = 1) -> int:
+        return c * b
+
+    assert Graph([f, same], engine=engine).run({"a": 1, "c": 2})["z"] == 2
