@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -32,9 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from hypernodes_bench.tables import print_table, write_results
 from hypernodes_dist import END, Graph, GraphEngine, branch, gate, node
 
 RESULTS = Path(__file__).parent / "results"
+COLUMNS = ["workload", "engine", "setting", "rows", "seconds", "loop_seconds", "x_loop",
+                      "ideal_seconds", "x_branch"]
 CONCURRENCY = 64
 RETRIES = 3
 BACKOFF = 0.2
@@ -253,16 +255,6 @@ def main(rows: int, engines: list[str], sizes: list[int], gate_rows: int) -> dic
     }
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    cols = ["workload", "engine", "setting", "rows", "seconds", "loop_seconds", "x_loop",
-            "ideal_seconds", "x_branch"]
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
-    print(" | ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for r in rows:
-        print(" | ".join(str(r.get(c, "")).rjust(w) for c, w in zip(cols, widths)))
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000)
@@ -276,7 +268,5 @@ if __name__ == "__main__":
     report = main(args.rows, [e for e in args.engines.split(",") if e],
                   [int(s) for s in args.sizes.split(",") if s], args.gate_rows)
     print()
-    print_table(report["rows"])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {RESULTS / (args.name + '.json')}")
+    print_table(report["rows"], COLUMNS)
+    print(f"\nwrote {write_results(RESULTS, args.name, report)}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -31,9 +30,11 @@ from typing import Any
 import openai
 
 from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.tables import print_table, write_results
 from hypernodes_dist import Graph, GraphEngine, node, resource
 
 RESULTS = Path(__file__).parent / "results"
+COLUMNS = ["engine", "rows", "seconds", "x_loop", "failed", "requests", "driver_mb"]
 CONCURRENCY = 64
 RETRIES = 3
 FAIL_RATE = 0.01
@@ -194,15 +195,6 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "seconds": round(row["seconds"], 3)}
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    cols = ["engine", "rows", "seconds", "x_loop", "failed", "requests", "driver_mb"]
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
-    print(" | ".join(c.rjust(w) for c, w in zip(cols, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for r in rows:
-        print(" | ".join(str(r.get(c, "")).rjust(w) for c, w in zip(cols, widths)))
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4_000)
@@ -212,7 +204,5 @@ if __name__ == "__main__":
     args = parser.parse_args()
     report = main(args.rows, [e for e in args.engines.split(",") if e])
     print()
-    print_table(report["rows"])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwrote {RESULTS / (args.name + '.json')}")
+    print_table(report["rows"], COLUMNS)
+    print(f"\nwrote {write_results(RESULTS, args.name, report)}")

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -48,3 +50,26 @@ def stop(procs: list[subprocess.Popen]) -> None:
             except OSError:
                 p.kill()
             p.wait()
+
+
+@contextmanager
+def dask_cluster(tmp_path: Path, workers: int = 2, nthreads: int = 1
+                 ) -> Iterator[tuple[str, list[subprocess.Popen]]]:
+    """A ``dask scheduler`` and ``workers`` named ``w0``, ``w1``... (no nanny) on 127.0.0.1:
+    ``(address, worker processes)``; everything stopped on exit."""
+    sched_file = tmp_path / "scheduler.json"
+    log = tmp_path / "cluster.log"
+    procs: list[subprocess.Popen] = []
+    try:
+        sched = spawn("distributed.cli.dask_scheduler", ["--host", "127.0.0.1", "--port", "0",
+                      "--no-dashboard", "--scheduler-file", str(sched_file)], log)
+        procs.append(sched)
+        address = wait_for_address(sched_file, sched)
+        procs.extend(
+            spawn("distributed.cli.dask_worker", ["--scheduler-file", str(sched_file),
+                  "--host", "127.0.0.1", "--nthreads", str(nthreads), "--no-nanny",
+                  "--no-dashboard", "--memory-limit", "0", "--name", f"w{i}"], log)
+            for i in range(workers))
+        yield address, procs[1:]
+    finally:
+        stop(procs)  # only the processes this started

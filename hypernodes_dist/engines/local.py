@@ -13,7 +13,7 @@ from hypernodes_dist.execution.batch import execute_batch, run_batch
 from hypernodes_dist.execution.batching import item_window
 from hypernodes_dist.execution.flow import ItemFlow, drive
 from hypernodes_dist.execution.job import MapJob, Sink
-from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.execution.syncio import gather_tasks, run_sync
 
 __all__ = ["GraphEngine"]
 
@@ -101,13 +101,7 @@ class GraphEngine(Engine):
                 async with slots:
                     sink(await run_batch(job.plan, job.chunk(start, stop), job.settings, writes))
 
-            tasks = [asyncio.ensure_future(one(a, b)) for a, b in job.bounds(size)]
-            try:
-                await asyncio.gather(*tasks)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await gather_tasks(one(a, b) for a, b in job.bounds(size))
 
     def __repr__(self) -> str:
         return (

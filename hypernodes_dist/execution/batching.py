@@ -35,6 +35,7 @@ from typing import Any
 
 from hypernodes_dist.execution.batchcall import call_kwargs, each_item, invoke, unpack
 from hypernodes_dist.execution.guard import Attempts, Guard
+from hypernodes_dist.execution.syncio import gather_tasks
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import Plan
 
@@ -169,15 +170,8 @@ async def _gather(groups: list[Sequence[int]], twins: dict[int, Future[Done]],
         async with sem:
             await one(group)
 
-    tasks = [asyncio.ensure_future(bounded(g)) for g in groups]
-    tasks += [asyncio.ensure_future(_twin(f, one, on_call, k, wait=True))
-              for k, f in twins.items()]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await gather_tasks([*(bounded(g) for g in groups),
+                        *(_twin(f, one, on_call, k, wait=True) for k, f in twins.items())])
 
 
 Claims = dict[str, tuple[Future[Done], int]]  # key -> (its call's result, thread)

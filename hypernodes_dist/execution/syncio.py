@@ -16,11 +16,12 @@ import asyncio
 import contextvars
 import os
 import threading
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-__all__ = ["run_sync", "on_process_loop", "process_loop", "in_process_loop", "call_on_loop"]
+__all__ = ["run_sync", "on_process_loop", "process_loop", "in_process_loop", "call_on_loop",
+           "gather_tasks"]
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -72,6 +73,18 @@ async def on_process_loop(coro: Coroutine[Any, Any, T]) -> T:
     except asyncio.CancelledError:
         handle.cancel()
         raise
+
+
+async def gather_tasks(aws: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Run ``aws`` as tasks and gather their results; when one fails (or the caller is
+    cancelled) the others are cancelled and awaited before the error goes on."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def process_loop() -> asyncio.AbstractEventLoop:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -17,7 +16,7 @@ import pytest
 
 from hypernodes_dask import DaskEngine
 from hypernodes_dist import Graph
-from tests.procs import spawn, stop, wait_for_address
+from tests.procs import dask_cluster
 
 from . import nodes as N
 
@@ -26,24 +25,8 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 
 @pytest.fixture
 def real_cluster(tmp_path):
-    sched_file = tmp_path / "scheduler.json"
-    log = tmp_path / "cluster.log"
-    procs: list[subprocess.Popen] = []
-    try:
-        sched = spawn("distributed.cli.dask_scheduler", ["--host", "127.0.0.1", "--port", "0",
-                        "--no-dashboard", "--scheduler-file", str(sched_file)], log)
-        procs.append(sched)
-        address = wait_for_address(sched_file, sched)
-        workers = [
-            spawn("distributed.cli.dask_worker", ["--scheduler-file", str(sched_file),
-                    "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                    "--memory-limit", "0", "--name", f"w{i}"], log)
-            for i in range(2)
-        ]
-        procs.extend(workers)
-        yield address, workers
-    finally:
-        stop(procs)  # only the processes this fixture started
+    with dask_cluster(tmp_path, workers=2) as cluster:
+        yield cluster
 
 
 def _wait_for_worker_count(client, n: int, timeout: float = 60) -> int:

@@ -6,36 +6,21 @@ lock, is never shipped), and closing the engine tears it down on every worker th
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
 
 from hypernodes_dask import DaskEngine
 from hypernodes_dist import Graph
-from tests.procs import spawn, stop, wait_for_address
+from tests.procs import dask_cluster
 
 from . import resource_nodes as R
 
 
 @pytest.fixture
 def real_cluster(tmp_path):
-    sched_file = tmp_path / "scheduler.json"
-    log = tmp_path / "cluster.log"
-    procs: list[subprocess.Popen] = []
-    try:
-        sched = spawn("distributed.cli.dask_scheduler", ["--host", "127.0.0.1", "--port", "0",
-                      "--no-dashboard", "--scheduler-file", str(sched_file)], log)
-        procs.append(sched)
-        address = wait_for_address(sched_file, sched)
-        procs.extend(
-            spawn("distributed.cli.dask_worker", ["--scheduler-file", str(sched_file),
-                  "--host", "127.0.0.1", "--nthreads", "2", "--no-nanny", "--no-dashboard",
-                  "--memory-limit", "0", "--name", f"w{i}"], log)
-            for i in range(2))
-        yield address, [p.pid for p in procs[1:]]
-    finally:
-        stop(procs)
+    with dask_cluster(tmp_path, workers=2, nthreads=2) as (address, workers):
+        yield address, [p.pid for p in workers]
 
 
 def _wait_for_files(log_dir, kind: str, n: int, timeout: float = 30) -> dict[int, int]:
