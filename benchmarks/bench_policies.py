@@ -36,7 +36,7 @@ from hypernodes_dist import END, Graph, GraphEngine, branch, gate, node
 
 RESULTS = Path(__file__).parent / "results"
 COLUMNS = ["workload", "engine", "setting", "rows", "seconds", "loop_seconds", "x_loop",
-                      "ideal_seconds", "x_branch"]
+           "ideal_seconds", "x_branch"]
 CONCURRENCY = 64
 RETRIES = 3
 BACKOFF = 0.2
