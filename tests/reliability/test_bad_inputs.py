@@ -193,17 +193,35 @@ def outcome(case: Case, engine) -> tuple:
     return ("ok", [dict(r) for r in res], [r.status for r in res])
 
 
+def default_conflicts(case: Case) -> dict[str, list[str]]:
+    """Graph inputs read by several of the case's nodes with different defaults (the
+    ``Graph`` refuses them): ``{input: [node names]}``."""
+    produced = {o for n in case.nodes for o in n.outputs}
+    found: dict[str, dict[str, object]] = {}
+    for n in case.nodes:
+        for p, v in n.defaults.items():
+            if p not in produced:
+                found.setdefault(p, {})[n.name] = v
+    return {p: sorted(by) for p, by in found.items()
+            if len({(type(v), v) for v in by.values()}) > 1}
+
+
 def check_documented(case: Case, got: tuple) -> None:
     """The outcome is one of the documented ones (see the module docstring)."""
     kind = got[0]
+    conflicts = default_conflicts(case)
     if kind == "build":
         exc = got[1]
         assert isinstance(exc, GraphBuildError) and isinstance(exc, ValueError), repr(exc)
-        assert case.dup_level is not None
+        if case.dup_level is None:  # the other build error: one input, different defaults
+            assert conflicts and "different defaults" in str(exc), repr(exc)
+            assert any(set(names) <= set(exc.nodes) for names in conflicts.values())
+            return
         names = {n.name for n in G.POOL[case.dup_level]}
         assert names <= set(exc.nodes) and all(n in str(exc) for n in names)
         return
     assert case.dup_level is None, f"ambiguous graph was accepted: {got!r}"
+    assert not conflicts, f"a graph input with different defaults was accepted: {conflicts}"
     if kind == "ok":
         results, statuses = got[1], got[2]
         assert not case.interrupt
