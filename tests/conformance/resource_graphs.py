@@ -37,11 +37,11 @@ def events(log_dir: str, event: str, name: str) -> dict[int, int]:
 @resource
 def llm(base_url: str, log_dir: str):
     record(log_dir, "build", "llm")
-    yield openai.AsyncOpenAI(base_url=base_url, api_key="loopback", max_retries=0, timeout=10.0)
+    yield openai.AsyncOpenAI(base_url=base_url, api_key="loopback", max_retries=0, timeout=5.0)
     record(log_dir, "teardown", "llm")
 
 
-@node(output_name="label", retries=3, concurrency=16)
+@node(output_name="label", retries=5, concurrency=16)
 async def classify(text: str, llm) -> str:
     r = await llm.chat.completions.create(
         model="loopback", messages=[{"role": "user", "content": text}])
@@ -55,13 +55,13 @@ async def classify(text: str, llm) -> str:
 async def web(base_url: str, log_dir: str):
     """An ``httpx.AsyncClient``, closed by the teardown (async generator)."""
     record(log_dir, "build", "web")
-    client = httpx.AsyncClient(base_url=base_url, timeout=10.0)
+    client = httpx.AsyncClient(base_url=base_url, timeout=5.0)
     yield client
     await client.aclose()
     record(log_dir, "teardown", "web")
 
 
-@node(output_name="label", retries=3)
+@node(output_name="label", retries=5)
 async def classify_httpx(text: str, web) -> str:
     r = await web.post("/chat/completions", json={
         "model": "m", "messages": [{"role": "user", "content": text}]})
@@ -73,13 +73,13 @@ async def classify_httpx(text: str, web) -> str:
 async def session(log_dir: str):
     """An ``aiohttp.ClientSession`` (it must be built inside a running loop)."""
     record(log_dir, "build", "session")
-    s = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+    s = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
     yield s
     await s.close()
     record(log_dir, "teardown", "session")
 
 
-@node(output_name="label", retries=3)
+@node(output_name="label", retries=5)
 async def classify_aiohttp(text: str, base_url: str, session) -> str:
     async with session.post(f"{base_url}/chat/completions", json={
             "model": "m", "messages": [{"role": "user", "content": text}]}) as r:
@@ -101,10 +101,10 @@ def settings(log_dir: str):
 def configured(settings, base_url: str, log_dir: str):
     record(log_dir, "build", "configured")
     return openai.OpenAI(base_url=base_url, api_key="loopback", max_retries=0,
-                         timeout=10.0), settings
+                         timeout=5.0), settings
 
 
-@node(output_name="label", retries=3)
+@node(output_name="label", retries=5)
 def classify_sync(text: str, configured) -> str:
     client, conf = configured
     r = client.chat.completions.create(
@@ -129,10 +129,10 @@ def needs_broken(text: str, broken) -> str:
 # ------------------------------------------------------------------ a module-level client
 
 CLIENT = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="loopback", max_retries=0,
-                            timeout=10.0)  # a lost request is retried, never awaited for ever
+                            timeout=5.0)  # a lost request is retried, never awaited for ever
 
 
-@node(output_name="label", retries=3)
+@node(output_name="label", retries=5)
 async def classify_global(text: str, base_url: str) -> str:
     """The common habit: a client at module level (same connection pool for every call)."""
     r = await CLIENT.with_options(base_url=base_url).chat.completions.create(

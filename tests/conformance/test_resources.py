@@ -32,8 +32,9 @@ def logs(tmp_path):
 
 
 def _labels_ok(res, texts=TEXTS) -> bool:
-    return [r.status for r in res] == ["complete"] * len(texts) and [
-        r["label"] for r in res] == [label_of(t) for t in texts]
+    errors = [repr(r.error) for r in res if r.status != "complete"]
+    assert not errors, errors[:3]
+    return [r["label"] for r in res] == [label_of(t) for t in texts]
 
 
 def _wait_for(log_dir: str, name: str, expected: dict[int, int], timeout: float = 60):
