@@ -16,15 +16,9 @@ from pathlib import Path
 
 from hypernodes_dist import Graph, node, resource
 
+from .policy_graphs import _append
+
 B = 4  # batch_size of every batch node here
-
-
-def _append(path: Path, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
 
 
 def record(log_dir: list[str], tag: str, texts: list[str]) -> None:
