@@ -79,8 +79,8 @@ def _writer(kind: str, path: str, me: int, batches: int, limit: int) -> None:
 def test_processes_writing_at_once_stay_under_the_limit(kind: str, tmp_path: pathlib.Path
                                                         ) -> None:
     """Four processes (sharing only the directory) write 40 batches each into a 160 KB
-    cache: sampled all along, the store never holds more than the limit; every entry that is
-    still there reads back its own value."""
+    cache: sampled all along, the store never holds more than the limit (plus, for the lock-free
+    object store, one segment per other writer); every entry still there reads back right."""
     limit = 160_000
     path = tmp_path / "c"
     ctx = multiprocessing.get_context("spawn")
@@ -92,7 +92,10 @@ def test_processes_writing_at_once_stay_under_the_limit(kind: str, tmp_path: pat
         for p in procs:
             p.join(240)
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
-    assert sampler.samples > 0 and 0 < sampler.peak <= limit
+    # DiskCache evicts in the insert's transaction; ObjectStoreCache has no lock across
+    # processes: writers listing at one moment may each add one segment (README, Size limit)
+    slack = 0 if kind == "disk" else 3 * limit // 8
+    assert sampler.samples > 0 and 0 < sampler.peak <= limit + slack
     cache = make(kind, path)
     keys = {f"b{me * 1000 + b}-{i}": value(me * 1000 + b, i)
             for me in range(4) for b in range(40) for i in range(10)}

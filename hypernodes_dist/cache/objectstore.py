@@ -30,8 +30,9 @@ Layout, under ``<url>/hncache-v1/``::
   an eighth of the room left at its last listing; when the segments take more than 90% of the
   limit it deletes the least recently used (recency: the later of the write, from the name,
   and the last use in the logs) down to 75%, and merges the logs it read into one. Many
-  machines need no lock: the store stays under the limit while fewer than eight writers fill
-  the room left at once (a listing per eighth of it keeps that true in practice).
+  machines need no lock: writers that list at the same moment may each add one segment
+  before the next listing evicts, so the store passes the limit by at most one segment (at
+  most 1/8 of the limit) per other writer writing at that moment.
 """
 
 from __future__ import annotations
