@@ -14,28 +14,11 @@ from typing import Any, Protocol
 
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine
+from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import END, HyperNode
 from hypernodes_dist.topology import Topology, analyze
 
-__all__ = ["Plan", "compile_plan", "MISSING"]
-
-
-class _Missing:
-    """Marks an absent value (an output a failed or skipped item does not have)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-    def __reduce__(self) -> str:
-        return "MISSING"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-MISSING: Any = _Missing()
+__all__ = ["Plan", "compile_plan", "MISSING"]  # MISSING: hypernodes_dist.missing's, named here too
 
 
 class Plan:

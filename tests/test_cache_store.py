@@ -74,6 +74,17 @@ def test_round_trip_none_functions_and_large(kind: str, tmp_path: pathlib.Path) 
     assert "none" in cache and "absent" not in cache
 
 
+def test_one_missing_that_pickles_to_itself() -> None:
+    """The cache's miss marker is the executor's absent value: one object, falsy, which
+    comes back as itself from pickle and cloudpickle (a worker process's result keeps it)."""
+    from hypernodes_dist import plan
+    from hypernodes_dist.missing import MISSING as ONE
+
+    assert MISSING is ONE is plan.MISSING and not MISSING and repr(MISSING) == "MISSING"
+    assert pickle.loads(pickle.dumps(MISSING)) is MISSING
+    assert cloudpickle.loads(cloudpickle.dumps([MISSING]))[0] is MISSING
+
+
 def test_many_values_in_blocks_and_partial_reads(kind: str, tmp_path: pathlib.Path) -> None:
     cache = make(kind, tmp_path / "c")
     items = {f"k{i}": (i, "v" * (i % 7)) for i in range(20_000)}

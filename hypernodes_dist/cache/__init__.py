@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hypernodes_dist.cache import codeid  # noqa: F401 - installs the code identity of functions
-from hypernodes_dist.cache.base import MISSING, SCOPES, Cache, CacheNotVisibleError
+from hypernodes_dist.cache.base import SCOPES, Cache, CacheNotVisibleError
+from hypernodes_dist.missing import MISSING
 
 if TYPE_CHECKING:
     from hypernodes_dist.cache.disk import DiskCache

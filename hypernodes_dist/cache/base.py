@@ -41,12 +41,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from hypernodes_dist.cache.store import Pruned
 
-__all__ = ["Cache", "CacheChecker", "CacheNotVisibleError", "MISSING", "SCOPES", "Scope",
+__all__ = ["Cache", "CacheChecker", "CacheNotVisibleError", "SCOPES", "Scope",
            "check_scope", "prepare_cache"]
 
 SCOPES = ("global", "session", "run")
 Scope = Literal["global", "session", "run"]
-MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "MISSING"})()
 
 
 class CacheNotVisibleError(RuntimeError):

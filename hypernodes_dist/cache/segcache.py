@@ -22,7 +22,7 @@ from itertools import compress, repeat
 from operator import and_, getitem, rshift
 from typing import Any
 
-from hypernodes_dist.cache.base import MISSING, CacheNotVisibleError, check_scope
+from hypernodes_dist.cache.base import CacheNotVisibleError, check_scope
 from hypernodes_dist.cache.segments import (
     ENTRY_BITS,
     ENTRY_MASK,
@@ -39,6 +39,7 @@ from hypernodes_dist.cache.segments import (
 )
 from hypernodes_dist.cache.store import Pruned, SegmentStore
 from hypernodes_dist.cache.units import parse_age, parse_size
+from hypernodes_dist.missing import MISSING
 
 __all__ = ["SegmentCache", "NO_NODE", "worker_name"]
 

@@ -21,8 +21,9 @@ from hypernodes_dist.execution.context import PARENT
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.inputs import expand
+from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import FunctionNode
-from hypernodes_dist.plan import MISSING, Plan, PlannedGraph, compile_plan
+from hypernodes_dist.plan import Plan, PlannedGraph, compile_plan
 
 __all__ = ["GraphNode", "graph_node", "OMITTED"]
 

@@ -18,7 +18,8 @@ import cloudpickle
 
 from hypernodes_dist.errors import UnpicklableError, annotate
 from hypernodes_dist.execution.job import BatchResult, BatchSettings
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.missing import MISSING
+from hypernodes_dist.plan import Plan
 
 __all__ = ["Packed", "pack", "unpack"]
 
