@@ -110,11 +110,11 @@ def test_keys_are_unique_per_map_call():
 def test_broadcast_is_in_the_graph_once():
     big = os.urandom(1 << 20)
     job = make_job(200, {"y": big})
-    data, digest = pickle_payload(job, "test")
-    dsk, keys = build_graph(job, 4, shared=Shipment(digest, path="/tmp/x.pkl"))
+    shipment = pickle_payload(job, "test")
+    dsk, keys = build_graph(job, 4, shared=Shipment(shipment.digest, path="/tmp/x.pkl"))
     per_task = [len(cloudpickle.dumps(dsk[k])) for k in keys]
     assert len(keys) == 50 and max(per_task) < 2_000  # tasks carry their items only
-    assert len(data) > len(big)  # the payload holds the broadcast, once
+    assert len(shipment.data) > len(big)  # the payload holds the broadcast, once
 
 
 # ------------------------------------------------------------------ running

@@ -119,12 +119,9 @@ class ProcessPool:
     def pool(self, flows: bool = False) -> ProcessPoolExecutor:
         from dask.multiprocessing import get_context, initialize_worker_process
 
-        size = flow_tasks(self.workers) if flows else self.workers
+        size = self._size(flows)
         with self._lock:
             pool = self._pools.get(size)
-            if pool is not None and getattr(pool, "_broken", False):
-                pool.shutdown(wait=False, cancel_futures=True)
-                pool = None
             if pool is None:
                 context = get_context()
                 check_main(context.get_start_method())
@@ -132,6 +129,17 @@ class ProcessPool:
                     size, mp_context=context, initializer=initialize_worker_process
                 )
             return pool
+
+    def broken(self, flows: bool = False) -> None:
+        """The pool ``pool(flows)`` gave lost a process (``BrokenProcessPool``): it is shut
+        down, and the next ``pool(flows)`` starts a new one."""
+        with self._lock:
+            pool = self._pools.pop(self._size(flows), None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _size(self, flows: bool) -> int:
+        return flow_tasks(self.workers) if flows else self.workers
 
     def scratch(self) -> str:
         """The payload directory (``hypernodes-dask-<pid>-*``; stale ones of killed runs are

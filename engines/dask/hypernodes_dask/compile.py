@@ -19,20 +19,17 @@ exists once per map call:
   process pool the bytes go to a temporary file and the shared key is only its path; on a
   cluster the ``Shipment`` is scattered once (replicated to every worker, so losing a worker
   does not lose it) and the graph references the future. Either way each worker process
-  unpickles it once per map (``Shipment.load`` memoizes by digest).
+  unpickles it once per map (``shipping.Shipment.load`` memoizes by digest).
 
 The token is a fresh UUID per map call: map work is never deduplicated with another call's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import pickle
 import sys
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,14 +38,14 @@ import cloudpickle
 from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.engines.kit import check_picklable, flow_tasks, unpicklable
-from hypernodes_dist.errors import UnpicklableError, call_portably
+from hypernodes_dist.errors import UnpicklableError
 from hypernodes_dist.execution.batch import execute_batch
-from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, MapJob
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.limits import settle
 
 from .packing import Packed, pack
+from .shipping import Shipment, missing_module, pickled, run_there, write_shipment
 
 __all__ = [
     "Payload",
@@ -57,7 +54,7 @@ __all__ = [
     "build_graph",
     "pickle_payload",
     "run_partition",
-    "write_shipment",
+    "write_shipment",  # datasets.py's, until it ships through shipping.on_processes
 ]
 
 
@@ -70,78 +67,19 @@ class Payload:
     settings: BatchSettings
 
 
-# ------------------------------------------------------------------ shipping to processes
-
-_LOADED: OrderedDict[str, Payload] = OrderedDict()
-_LOADED_LOCK = threading.Lock()
-_KEEP = 4  # payloads of recent maps kept unpickled per worker process
-
-
-@dataclass
-class Shipment:
-    """A pickled ``Payload``: inline bytes (``data``) or a file on this machine (``path``)."""
-
-    digest: str
-    data: bytes | None = None
-    path: str | None = None
-
-    def load(self) -> Payload:
-        """The payload, unpickled once per process and map (tasks of one map share it)."""
-        with _LOADED_LOCK:
-            found = _LOADED.get(self.digest)
-            if found is not None:
-                _LOADED.move_to_end(self.digest)
-                return found
-            try:
-                if self.data is not None:
-                    payload = cloudpickle.loads(self.data)
-                else:
-                    assert self.path is not None
-                    with open(self.path, "rb") as f:
-                        payload = cloudpickle.load(f)
-            except ModuleNotFoundError as exc:
-                raise _missing_module(exc) from exc
-            _LOADED[self.digest] = payload
-            while len(_LOADED) > _KEEP:
-                _LOADED.popitem(last=False)
-            return payload
-
-
-def _missing_module(exc: ModuleNotFoundError) -> ModuleNotFoundError:
-    """``exc`` (raised in a worker) saying what to do about a module only the driver has."""
-    name = exc.name or "?"
-    error = ModuleNotFoundError(
-        f"{exc} in Dask worker {worker_id()}: the graph's nodes or inputs come from module "
-        f"{name!r}, which this worker cannot import. Install it on every worker (pip install "
-        f"your package there), send a single file with client.upload_file('{name}.py'), or "
-        "define the nodes in a package the workers can import", name=exc.name)
-    return error
-
-
-def pickle_payload(job: MapJob, where: str) -> tuple[bytes, str]:
-    """``(bytes, digest)`` of the job's payload, or ``UnpicklableError`` naming the culprit.
+def pickle_payload(job: MapJob, where: str) -> Shipment:
+    """The job's payload pickled once (``shipping.pickled``), or ``UnpicklableError``
+    naming the culprit.
 
     Runs in the driver before anything is submitted. The mapped columns travel with the
     tasks, so their first item is checked too (a type that does not pickle fails early).
     """
-    payload = Payload(job.plan, job.broadcast, job.settings)
-    try:
-        data = cloudpickle.dumps(payload)
-    except Exception as exc:
-        raise unpicklable(job.plan, job.broadcast, where) or UnpicklableError(
-            f"the map settings cannot be sent to {where}: {exc}") from exc
+    shipment = pickled(Payload(job.plan, job.broadcast, job.settings), where,
+                       lambda: unpicklable(job.plan, job.broadcast, where))
     for name, column in job.columns.items():
         if len(column):
             check_picklable(column[0], f"input {name!r} (item 0)", where)
-    return data, hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def write_shipment(data: bytes, digest: str, directory: str) -> Shipment:
-    """Write the payload bytes once to ``directory``; tasks carry only the path."""
-    path = os.path.join(directory, f"payload-{digest}-{uuid.uuid4().hex[:8]}.pkl")
-    with open(path, "wb") as f:
-        f.write(data)
-    return Shipment(digest, path=path)
+    return shipment
 
 
 # ------------------------------------------------------------------ the task
@@ -169,19 +107,20 @@ def run_partition(shared: Payload | Shipment, offset: int, n: int,
                   columns: dict[str, Sequence[Any]] | bytes) -> BatchResult | Packed:
     """One Dask task: items ``offset .. offset+n`` through the shared plan executor. In a
     worker process the result comes back pickled (``packing.pack``: unpicklable outputs
-    fail their item, not the map) and an error is made portable."""
-    remote = isinstance(shared, Shipment)
-    payload = shared.load() if remote else shared
-    if isinstance(columns, bytes):
-        try:
-            columns = pickle.loads(columns)
-        except ModuleNotFoundError as exc:  # mapped values of a class only the driver has
-            raise _missing_module(exc) from exc
-    chunk = Chunk(offset, n, columns, payload.broadcast)
-    if not remote:
+    fail their item, not the map) and an error is made portable (``shipping.run_there``)."""
+
+    def work(payload: Payload) -> BatchResult:
+        cols = columns
+        if isinstance(cols, bytes):
+            try:
+                cols = pickle.loads(cols)
+            except ModuleNotFoundError as exc:  # mapped values of a class only the driver has
+                raise missing_module(exc) from exc
+        chunk = Chunk(offset, n, cols, payload.broadcast)
         return _execute(payload.plan, chunk, payload.settings)
-    return call_portably(lambda: pack(_execute(payload.plan, chunk, payload.settings),
-                                      payload.plan, payload.settings))
+
+    return run_there(shared, work, lambda result, payload: pack(result, payload.plan,
+                                                                payload.settings))
 
 
 def _execute(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:

@@ -24,10 +24,8 @@ waiting policies) get one task per worker (``engines/kit.py`` says why).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, ClassVar
 
 from dask.task_spec import DataNode, Task, TaskRef
@@ -44,18 +42,11 @@ from hypernodes_dist.errors import NodeError
 from hypernodes_dist.execution.job import MapJob, Sink
 
 from .cluster import ClientHandle, ProcessPool
-from .compile import (
-    Payload,
-    Shipment,
-    build_graph,
-    pack_columns,
-    pickle_payload,
-    run_partition,
-    write_shipment,
-)
+from .compile import Payload, build_graph, pack_columns, pickle_payload, run_partition
 from .datasets import run_dataset_distributed, run_dataset_local
-from .local import compute_local, running_keys
+from .local import compute_local
 from .packing import unpack
+from .shipping import InFlight, Shipment, on_cluster, on_processes
 
 __all__ = ["DaskEngine", "auto_partition_size"]
 
@@ -151,6 +142,11 @@ class DaskEngine(Engine):
         return self._cluster.client() if self._cluster is not None else None
 
     @property
+    def processes(self) -> ProcessPool | None:
+        """The process pool kept across maps (``scheduler="processes"``; None otherwise)."""
+        return self._processes
+
+    @property
     def max_workers(self) -> int:  # type: ignore[override]
         return self.num_workers or _cpu_count()
 
@@ -234,75 +230,50 @@ class DaskEngine(Engine):
         import asyncio
         import concurrent.futures
 
-        from distributed import KilledWorker, as_completed
+        from distributed import KilledWorker
 
         cancelled = (concurrent.futures.CancelledError, asyncio.CancelledError)
 
-        data, digest = pickle_payload(job, "Dask workers")  # fails before any submission
+        shipment = pickle_payload(job, "Dask workers")  # fails before any submission
         client = self.client
         size = self.partition_size_for(job.n, job.plan.flows)
-        [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
-        dsk, keys = build_graph(job, size, shared_key=shared.key, pack=True)
-        spans = dict(zip(keys, job.bounds(size)))
-        futures = client.get(dsk, keys, sync=False)
-        pending = {f.key: f for f in futures}
-        done = as_completed(futures, loop=client.loop, with_results=True)
-        del futures
         lost: dict[tuple[int, int], int] = {}
-        try:
-            for future, batch in done:
-                # release each partition on the cluster as soon as the driver holds it
-                key = future.key
-                del pending[key], future
-                if isinstance(batch, cancelled):
-                    # not cancelled by us: the partition's result (or the scattered payload)
-                    # died with a worker and the scheduler forgot the key; run it again,
-                    # self-contained (its own copy of the payload)
-                    span = spans[key]
-                    lost[span] = lost.get(span, 0) + 1
-                    if lost[span] > _MAX_RESUBMITS:
-                        raise _worker_died(job, [span], f"the result was lost {lost[span]} times "
-                                           f"with its Dask worker ({batch})")
-                    again = _resubmit(client, job, span, Shipment(digest, data=data))
-                    spans[again.key] = span
-                    pending[again.key] = again
-                    done.add(again)
-                    del again
-                    continue
-                sink(unpack(batch))
-        except KilledWorker as exc:  # the partition killed every worker that ran it
-            span = spans.get(exc.task)
-            how = f"Dask worker processes died {exc.allowed_failures + 1} times"
-            raise _worker_died(job, [span] if span else [], how) from exc
-        finally:
-            if pending:  # an error (or an interrupt): stop the rest and free everything now
-                client.cancel([*pending.values(), shared])
-            del pending, shared, done
+        with on_cluster(client, shipment) as shared, InFlight(client) as in_flight:
+            dsk, keys = build_graph(job, size, shared_key=shared.key, pack=True)
+            futures = client.get(dsk, keys, sync=False)
+            for i, span in enumerate(job.bounds(size)):
+                in_flight.add(futures[i], span)
+            del futures  # each partition is released on the cluster once the driver holds it
+            try:
+                for span, batch in in_flight:
+                    if isinstance(batch, cancelled):
+                        # not cancelled by us: the partition's result (or the scattered
+                        # payload) died with a worker and the scheduler forgot the key; run
+                        # it again, self-contained (its own copy of the payload)
+                        lost[span] = lost.get(span, 0) + 1
+                        if lost[span] > _MAX_RESUBMITS:
+                            raise _worker_died(job, [span], f"the result was lost {lost[span]} "
+                                               f"times with its Dask worker ({batch})")
+                        in_flight.add(_resubmit(client, job, span, shipment), span)
+                        continue
+                    sink(unpack(batch))
+            except KilledWorker as exc:  # the partition killed every worker that ran it
+                span = in_flight.tags.get(exc.task)
+                how = f"Dask worker processes died {exc.allowed_failures + 1} times"
+                raise _worker_died(job, [span] if span else [], how) from exc
 
     def _map_local(self, job: MapJob, sink: Sink) -> None:
         size = self.partition_size_for(job.n, job.plan.flows)
-        path = None
-        shared: Payload | Shipment
-        if self._processes is not None:
-            data, digest = pickle_payload(job, "worker processes")
-            shared = write_shipment(data, digest, self._processes.scratch())
-            path = shared.path
-        else:
-            shared = Payload(job.plan, job.broadcast, job.settings)
-        dsk, keys = build_graph(job, size, shared=shared, pack=path is not None)
-        try:
+        payload = Payload(job.plan, job.broadcast, job.settings)
+        with on_processes(self.processes, payload,
+                          lambda: pickle_payload(job, "worker processes")) as shared:
+            dsk, keys = build_graph(job, size, shared=shared, pack=shared is not payload)
+            spans = dict(zip(keys, job.bounds(size)))
             compute_local(self, dsk, keys, lambda result: sink(unpack(result)),
-                          flows=job.plan.flows, threads=self._threads(job, size))
-        except BrokenProcessPool as exc:  # a worker process died with partitions in flight
-            bounds = dict(zip(keys, job.bounds(size)))
-            spans = [bounds[k] for k in running_keys(exc) if k in bounds]
-            raise _worker_died(job, spans, "a Dask worker process died") from exc
-        finally:
-            if path is not None:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+                          flows=job.plan.flows, threads=self._threads(job, size),
+                          died=lambda running: _worker_died(
+                              job, [spans[k] for k in running if k in spans],
+                              "a Dask worker process died"))
 
 
 def _on_worker(fn: Callable[..., Any], arg: Any, dask_worker: Any = None) -> Any:

@@ -12,16 +12,19 @@ __all__ = ["compute_local", "running_keys"]
 
 
 def running_keys(error: BrokenProcessPool) -> list[Any]:
-    """The keys that were running when the worker process died (``compute_local``)."""
+    """The keys that were running when the worker process died (``compute_local`` without
+    ``died``)."""
     return list(getattr(error, "hn_running", []))
 
 
 def compute_local(engine: Any, dsk: dict[Any, Any], keys: list[Any],
                   deliver: Callable[[Any], None], *, flows: bool = False,
-                  threads: int | None = None) -> None:
+                  threads: int | None = None,
+                  died: Callable[[list[Any]], Exception] | None = None) -> None:
     """Compute ``keys`` of ``dsk`` on ``engine``'s local scheduler, ``deliver(result)`` for
     each as it finishes (``flows``: the process pool for plans whose items flow;
-    ``threads``: the threaded scheduler's thread count)."""
+    ``threads``: the threaded scheduler's thread count). A worker process that dies raises
+    ``died(the keys it was running)`` (the pool is replaced for the next call)."""
     import dask.local
     import dask.multiprocessing
     import dask.threaded
@@ -39,14 +42,20 @@ def compute_local(engine: Any, dsk: dict[Any, Any], keys: list[Any],
             deliver(result)
 
     callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
+    processes = engine.processes
     try:
-        if engine._processes is not None:
-            dask.multiprocessing.get(dsk, keys, pool=engine._processes.pool(flows),
+        if processes is not None:
+            dask.multiprocessing.get(dsk, keys, pool=processes.pool(flows),
                                      optimize_graph=False, chunksize=1, callbacks=callbacks)
         elif engine.scheduler == "threads":
             dask.threaded.get(dsk, keys, num_workers=threads, callbacks=callbacks)
         else:
             dask.local.get_sync(dsk, keys, callbacks=callbacks)
     except BrokenProcessPool as exc:  # a worker died: say which keys it was running
-        exc.hn_running = sorted(running, key=repr)  # type: ignore[attr-defined]
+        if processes is not None:
+            processes.broken(flows)
+        keys_running = sorted(running, key=repr)
+        if died is not None:
+            raise died(keys_running) from exc
+        exc.hn_running = keys_running  # type: ignore[attr-defined]
         raise
