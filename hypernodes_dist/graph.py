@@ -248,6 +248,7 @@ class Graph:
         keep: Sequence[str] = (),
         into: Any = None,
         overwrite: bool = False,
+        commit_seconds: float | None = None,
     ) -> Any:
         """Run the graph once per item on the graph's engine.
 
@@ -281,6 +282,8 @@ class Graph:
                 output file yet. See the README, "Datasets".
             overwrite: with ``into``, replace results written there by another graph or
                 source (otherwise that raises ``ValueError`` saying what changed).
+            commit_seconds: with ``into``, a row that finished more than this many seconds
+                ago is in a complete file there, even without a cache (default 30).
 
         Returns:
             a ``MapResult`` (a list of one ``GraphResult`` per item, in item order, with
@@ -304,7 +307,8 @@ class Graph:
                     map_mode=map_mode, columns=columns, keep=keep, into=into,
                     overwrite=overwrite, session_id=session_id, select=select,
                     on_error=on_error, progress=progress, cache=self.cache,
-                    callbacks=self.callbacks)
+                    callbacks=self.callbacks,
+                    **({} if commit_seconds is None else {"commit_seconds": commit_seconds}))
             if keep:
                 raise ValueError("keep= copies source columns into the rows written with "
                                  "into=; without into= the results are a MapResult")
@@ -312,6 +316,8 @@ class Graph:
             inputs, map_over = {**broadcast, **mapped}, list(mapped)
         elif columns is not None or keep or overwrite:
             raise ValueError("columns=, keep= and overwrite= apply to source= / into= maps")
+        if commit_seconds is not None:
+            raise ValueError("commit_seconds= applies to maps that write into= a directory")
         return run_map(
             self.plan,
             self.engine,
