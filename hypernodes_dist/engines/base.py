@@ -12,7 +12,12 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from hypernodes_dist.cache.base import Cache
-from hypernodes_dist.engines.kit import partition_size
+from hypernodes_dist.engines.kit import (
+    RunEverywhere,
+    check_cache_seen,
+    check_output_seen,
+    partition_size,
+)
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.resources import release_resources
 
@@ -26,6 +31,7 @@ class Engine:
     supports_iter: ClassVar[bool] = False
     parallel_nodes: bool = False
     max_workers: int = 4
+    part_rows: ClassVar[tuple[int, int]] = (1_000, 100_000)  # a dataset part's rows: least, most
 
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         """Run every item of ``job``; call ``sink`` with each ``BatchResult`` in the driver."""
@@ -43,20 +49,34 @@ class Engine:
 
     def dataset_part_rows(self, n: int | None) -> int:
         """Rows per part (one output file each) of a dataset map over ``n`` rows: about 4
-        parts per worker, 1 000 .. 100 000 rows each (a stream of unknown length: 100 000)."""
+        parts per worker, ``part_rows`` bounding them (a stream of unknown length: the most)."""
+        least, most = self.part_rows
         if not n:
-            return 100_000
-        return max(1_000, partition_size(n, self.dataset_workers(), 4, max_size=100_000))
+            return most
+        return max(least, partition_size(n, self.dataset_workers(), 4, max_size=most))
+
+    def workers_elsewhere(self) -> tuple[RunEverywhere, str] | None:
+        """How to call a function once on every worker, when workers may run on other
+        machines: ``(run_everywhere, what a worker is called)`` (``kit.RunEverywhere``; e.g.
+        Dask's ``client.run``, "Dask worker"). ``None`` (the default): every worker runs on
+        this machine, so ``check_cache`` and ``check_output`` have nothing to check."""
+        return None
 
     def check_cache(self, cache: Cache) -> None:
         """Before a map: raise ``CacheNotVisibleError`` if a worker cannot see ``cache``
-        (``cache.check_visible(worker)`` on every worker). Engines whose workers run on this
-        machine have nothing to check; a cache still checks lazily in each worker process."""
+        (``cache.check_visible(worker)`` on every worker ``workers_elsewhere`` reaches). A
+        cache still checks lazily in each worker process."""
+        elsewhere = self.workers_elsewhere()
+        if elsewhere is not None:
+            check_cache_seen(cache, *elsewhere)
 
     def check_output(self, out: Any) -> None:
         """Before a dataset map runs anything: raise ``ValueError`` naming the workers that
-        cannot see the ``into`` directory (``sinks.parquet.ParquetDataset``, created). Engines
-        whose workers run on this machine have nothing to check."""
+        cannot see the ``into`` directory (``sinks.parquet.ParquetDataset``, created), on
+        every worker ``workers_elsewhere`` reaches."""
+        elsewhere = self.workers_elsewhere()
+        if elsewhere is not None:
+            check_output_seen(out, *elsewhere)
 
     def close(self) -> None:
         """Release what the engine started (clusters, pools) and tear down the resources

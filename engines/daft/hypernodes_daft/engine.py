@@ -53,18 +53,12 @@ from typing import Any, ClassVar
 import daft
 from daft import DataType, col
 
-from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import (
-    check_cache_seen,
-    check_output_seen,
-    flow_tasks,
-    partition_size,
-)
+from hypernodes_dist.engines.kit import RunEverywhere, flow_tasks, partition_size
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.job import MapJob, Sink
 
-from .datasets import part_rows, run_dataset_native
+from .datasets import run_dataset_native
 from .frame import ROW, column_name, item_frame
 from .udf import Failure, apply_udf, close, make_udf, receive
 
@@ -86,6 +80,7 @@ class DaftEngine(Engine):
 
     name: ClassVar[str] = "daft"
     supports_iter: ClassVar[bool] = False
+    part_rows: ClassVar[tuple[int, int]] = (10_000, 250_000)  # one Daft query per part
 
     def __init__(
         self,
@@ -158,24 +153,20 @@ class DaftEngine(Engine):
 
             run_dataset_ray(job, report, in_flight=2 * _ray_cpus())
 
-    def check_cache(self, cache: Cache) -> None:
-        """On Ray, every node must see the driver's cache store (checked on each node)."""
-        if self.runner == "ray":
-            from .on_ray import run_everywhere
+    def workers_elsewhere(self) -> tuple[RunEverywhere, str] | None:
+        """On Ray, nodes may be other machines: the driver's cache store and ``into``
+        directory are checked on each before a map."""
+        if self.runner != "ray":
+            return None
+        from .on_ray import run_everywhere  # ray is an optional extra: loaded on use
 
-            self._ensure_runner()
-            check_cache_seen(cache, run_everywhere, "Ray node")
-
-    def check_output(self, out: Any) -> None:
-        """On Ray, every node may write parts: each must see ``into``."""
-        if self.runner == "ray":
-            from .on_ray import run_everywhere
-
-            self._ensure_runner()
-            check_output_seen(out, run_everywhere, "Ray node")
+        self._ensure_runner()
+        return run_everywhere, "Ray node"
 
     def dataset_part_rows(self, n: int | None) -> int:
-        return part_rows(n, self.batch_size)
+        """``batch_size`` rows, or a quarter of the rows (``part_rows``: Daft holds a part's
+        columns while it runs)."""
+        return self.batch_size or super().dataset_part_rows(n)
 
     def _size(self, n: int, flows: bool = False) -> int:
         if self.batch_size is not None:

@@ -30,14 +30,8 @@ from typing import Any, ClassVar
 
 from dask.task_spec import DataNode, Task, TaskRef
 
-from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import (
-    check_cache_seen,
-    check_output_seen,
-    flow_tasks,
-    partition_size,
-)
+from hypernodes_dist.engines.kit import RunEverywhere, flow_tasks, partition_size
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.execution.job import MapJob, Sink
 
@@ -201,16 +195,12 @@ class DaskEngine(Engine):
         return self.partition_size or super().dataset_part_rows(n)
 
     # ------------------------------------------------------------------ map
-    def check_cache(self, cache: Cache) -> None:
-        """On a cluster, every worker must see the driver's cache store (a ``DiskCache`` on
-        another machine would silently start empty there): checked on each worker now."""
+    def workers_elsewhere(self) -> tuple[RunEverywhere, str] | None:
+        """On a cluster, workers may run on other machines: the driver's cache store and
+        ``into`` directory are checked on each (``client.run``) before a map."""
         if self.scheduler == "distributed":
-            check_cache_seen(cache, self._run_everywhere, "Dask worker")
-
-    def check_output(self, out: Any) -> None:
-        """On a cluster, every worker writes its parts: each must see ``into``."""
-        if self.scheduler == "distributed":
-            check_output_seen(out, self._run_everywhere, "Dask worker")
+            return self._run_everywhere, "Dask worker"
+        return None
 
     def _run_everywhere(self, fn: Callable[..., Any], arg: Any) -> dict[str, Any]:
         """``fn(arg, worker)`` on every worker of the cluster, by worker address and name."""
