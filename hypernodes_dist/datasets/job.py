@@ -1,46 +1,37 @@
 """A dataset map, ready to run: ``DatasetJob`` (driver) and ``PartTask`` (what workers run).
 
 ``PartTask.run(part)`` is the whole life of one part on whichever machine runs it: read its
-rows from the source, run them through the shared plan executor (``execute_batch``), turn
-the results into Arrow columns of the output schema, write the part's Parquet file, and
-return a ``PartReport`` -- counts, not rows -- to the driver.
+rows from the source, run them in steps through the shared plan executor
+(``execute_batch``), turn the results into Arrow columns of the output schema, and hand
+them to the part pipeline (``commit.py``), which writes them into Parquet files by time;
+it returns a ``PartReport`` -- counts, not rows -- to the driver.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from hypernodes_dist.cache.keys import batch_writes
+from hypernodes_dist.datasets.commit import COMMIT_SECONDS, Compute, run_parts
 from hypernodes_dist.datasets.parts import Part
+from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.datasets.source import Source
-from hypernodes_dist.events import Event
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.plan import MISSING, Plan
 from hypernodes_dist.sinks.arrow_types import ValueTypeError, misfits, to_array
-from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
+from hypernodes_dist.sinks.base import PartWriter
+from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, Committed
+
+if TYPE_CHECKING:
+    from hypernodes_dist.datasets.schema import Head
 
 __all__ = ["DatasetJob", "PartTask", "PartReport", "OutputTypeError", "error_text"]
-
-
-@dataclass
-class PartReport:
-    """What a finished part sends back to the driver."""
-
-    index: int
-    offset: int
-    n: int
-    failed: int = 0
-    executed: int = 0
-    hits: int = 0
-    events: list[Event] = field(default_factory=list)
-    worker: str = ""
 
 
 def error_text(exc: BaseException) -> str:
@@ -60,7 +51,8 @@ class PartTask:
     broadcast: dict[str, Any]
     settings: BatchSettings
     schema: pa.Schema
-    out: ParquetDataset
+    out: PartWriter
+    commit_seconds: float = COMMIT_SECONDS
 
     @property
     def read_columns(self) -> list[str]:
@@ -71,31 +63,51 @@ class PartTask:
         """The fields ``compute`` returns: the outputs, ``_hn_row``, ``_hn_error``."""
         return [f for f in self.schema if f.name not in self.keep]
 
-    def run(self, part: Part, step: int | None = None, writes: Any = None,
-            data: dict[str, Any] | None = None) -> PartReport:
-        """Compute and write one part (``step``: items per executor call; ``data``: rows
-        already read, e.g. a Dask partition)."""
-        table, report = self.build(part, step, writes, data)
-        self.out.write_part(part.index, table)
-        return report
+    def run(self, part: Part, data: dict[str, Any] | None = None) -> PartReport:
+        """Compute and write the rows ``part.start ..`` of one part (``data``: its rows
+        already read, e.g. a Dask partition); the report of all its files."""
+        total = PartReport(part.index, part.offset + part.start, 0, worker=worker_id())
+        with batch_writes(self.settings.cache, None) as writes:
+            run_parts(self.out, self.commit_seconds, [part],
+                      lambda p: self.stepper(p, writes, data), total.add)
+        return total
 
-    def build(self, part: Part, step: int | None = None, writes: Any = None,
-              data: dict[str, Any] | None = None) -> tuple[pa.Table, PartReport]:
-        """One part's output table (read and computed, not written yet) and its report."""
+    def stepper(self, part: Part, writes: Any = None,
+                data: dict[str, Any] | None = None) -> Compute:
+        """``compute(a, b)``: rows ``a .. b`` of ``part`` as an output table and their
+        report (the part's rows are read once, here)."""
         data = part.read(self.read_columns) if data is None else data
-        values = {name: _pylist(data[col]) for name, col in self.mapping.items()}
-        report = PartReport(part.index, part.offset, part.n, worker=worker_id())
-        computed = self.compute(part.offset, part.n, values, report, step, writes)
-        arrays = [_keep_array(f, data[f.name]) if f.name in self.keep else computed[f.name]
+        return lambda a, b: self.build(part, data, a, b, writes)
+
+    def build(self, part: Part, data: dict[str, Any], a: int, b: int,
+              writes: Any = None) -> tuple[pa.Table, PartReport]:
+        """Rows ``a .. b`` of ``part`` (``data``: all its rows) computed, as a table."""
+        values = {name: _pylist(_slice(data[col], a, b)) for name, col in self.mapping.items()}
+        report = PartReport(part.index, part.offset + a, b - a, worker=worker_id())
+        computed = self.compute(part.offset + a, b - a, values, report, None, writes)
+        return self.table(computed, {k: _slice(data[k], a, b) for k in self.keep}), report
+
+    def table(self, computed: dict[str, pa.Array], kept: dict[str, Any]) -> pa.Table:
+        """The output table: ``kept`` source columns and ``computed`` columns."""
+        arrays = [_keep_array(f, kept[f.name]) if f.name in self.keep else computed[f.name]
                   for f in self.schema]
-        return pa.Table.from_arrays(arrays, schema=self.schema), report
+        return pa.Table.from_arrays(arrays, schema=self.schema)
+
+    def head_table(self, head: Head) -> tuple[pa.Table, PartReport]:
+        """The rows computed in the driver to fix the output types (``schema.Head``, the
+        source's first rows), as the first rows of part 0: never computed again."""
+        report = PartReport(0, 0, head.n, worker=worker_id())
+        outputs = self._output_lists()
+        errors: dict[int, BaseException] = {}
+        self._collect(head.batch, 0, outputs, errors, report)
+        computed = self._arrays(outputs, errors, 0, head.n, report)
+        return self.table(computed, {k: head.data[k][:head.n] for k in self.keep}), report
 
     def compute(self, offset: int, n: int, values: dict[str, list[Any]], report: PartReport,
                 step: int | None = None, writes: Any = None) -> dict[str, pa.Array]:
         """Items ``offset .. offset + n`` (mapped ``values``) through the plan: their output,
         ``_hn_row`` and ``_hn_error`` arrays; counts and events go to ``report``."""
-        outputs: dict[str, list[Any]] = {
-            f.name: [] for f in self.computed_fields if f.name not in (ROW_COLUMN, ERROR_COLUMN)}
+        outputs = self._output_lists()
         errors: dict[int, BaseException] = {}
         step = max(1, step or n)
         for a in range(0, n, step):
@@ -104,6 +116,14 @@ class PartTask:
                           self.broadcast)
             batch = execute_batch(self.plan, chunk, self.settings, writes)
             self._collect(batch, a, outputs, errors, report)
+        return self._arrays(outputs, errors, offset, n, report)
+
+    def _output_lists(self) -> dict[str, list[Any]]:
+        return {f.name: [] for f in self.computed_fields
+                if f.name not in (ROW_COLUMN, ERROR_COLUMN)}
+
+    def _arrays(self, outputs: dict[str, list[Any]], errors: dict[int, BaseException],
+                offset: int, n: int, report: PartReport) -> dict[str, pa.Array]:
         arrays = {f.name: self._output_array(f, outputs[f.name], offset, errors)
                   for f in self.computed_fields if f.name in outputs}
         arrays[ROW_COLUMN] = pa.array(range(offset, offset + n), pa.int64())
@@ -161,13 +181,14 @@ class OutputTypeError(TypeError):
     """An output value that does not fit its column's Arrow type."""
 
 
-def _write(out: ParquetDataset, index: int, table: pa.Table, report: PartReport) -> PartReport:
-    out.write_part(index, table)
-    return report
-
-
 def _pylist(values: Any) -> list[Any]:
     return values if isinstance(values, list) else values.to_pylist()
+
+
+def _slice(values: Any, a: int, b: int) -> Any:
+    if a == 0 and b >= len(values):
+        return values
+    return values[a:b] if isinstance(values, list) else values.slice(a, b - a)
 
 
 def _keep_array(f: pa.Field, values: Any) -> Any:
@@ -178,12 +199,13 @@ def _keep_array(f: pa.Field, values: Any) -> Any:
 
 @dataclass
 class DatasetJob:
-    """One dataset map in the driver: the source, the shared task, the parts to compute."""
+    """One dataset map in the driver: the source, the shared task, the parts to compute
+    (``committed``: what the files in ``into=`` already hold, per part)."""
 
     task: PartTask
     source: Source
     rows_per_part: int
-    skip: frozenset[int] = frozenset()
+    committed: dict[int, Committed] = field(default_factory=dict)
 
     @property
     def plan(self) -> Plan:
@@ -197,50 +219,57 @@ class DatasetJob:
     def n(self) -> int | None:
         return self.source.n
 
-    def run_here(self, report: Callable[[PartReport], None], step: int | None = None,
+    def run_here(self, report: Callable[[PartReport], None],
                  concurrency: int | None = None) -> None:
-        """Run the pending parts one after another in this process, sharing one cache write
-        buffer (the local engine, and engines without a dataset pipeline of their own);
-        ``step`` items per executor call, at most ``concurrency`` async calls in flight.
-        A helper thread writes each part's file while the next part is computed (pyarrow's
-        writer releases the GIL), so at most two parts are held at once."""
+        """Run the pending parts one after another in this process through the part
+        pipeline (``commit.py``), sharing one cache write buffer (the local engine, and
+        engines without a dataset pipeline of their own); at most ``concurrency`` async
+        calls in flight."""
         task = self.task
         if concurrency is not None and task.settings.concurrency is None:
             task = replace(task, settings=replace(task.settings, concurrency=concurrency))
-        with batch_writes(self.settings.cache, None) as writes, \
-                ThreadPoolExecutor(1, thread_name_prefix="hn-write") as writer:
-            writing: Future[PartReport] | None = None
-            for part in self.pending():
-                table, done = task.build(part, step, writes)
-                if writing is not None:
-                    report(writing.result())
-                writing = writer.submit(_write, task.out, part.index, table, done)
-            if writing is not None:
-                report(writing.result())
+        with batch_writes(self.settings.cache, None) as writes:
+            run_parts(task.out, task.commit_seconds, self.pending(),
+                      lambda p: task.stepper(p, writes), report)
+
+    def resume(self, part: Part) -> Part | None:
+        """``part`` from its first row not in a file yet; ``None`` when all are (range
+        files past a gap, left by a crash, are removed: they are written again)."""
+        found = self.committed.get(part.index)
+        if found is None:
+            return part
+        if found.done(part.n):
+            return None
+        for path in found.later:
+            self.task.out.remove(path)
+        return part.resumed(found.rows) if found.rows else part
 
     def pending(self) -> Iterator[Part]:
-        """The parts without an output file, in order (streamed: a stream source is read
-        as the parts are consumed). For a source whose content is known only as it is read,
-        each part's rows are checked against the digest recorded when its file was written
-        (``ValueError`` if they changed) or recorded before it is computed."""
+        """The parts with rows not in a file, in order, each from its first such row
+        (streamed: a stream source is read as the parts are consumed). For a source whose
+        content is known only as it is read, each part's rows are checked against the
+        digest recorded when its first file was written (``ValueError`` if they changed)
+        or recorded before it is computed."""
         out = self.task.out
         for part in self.source.parts(self.rows_per_part):
             digest = self.source.part_digest(part)
-            if part.index in self.skip:
-                if digest is not None:
-                    _check_unchanged(out, part, digest)
-                continue
             if digest is not None:
-                out.write_input_digest(part.index, digest)
-            yield part
+                if part.index in self.committed:
+                    _check_unchanged(out, part, digest)
+                else:
+                    out.write_input_digest(part.index, digest)
+            todo = self.resume(part)
+            if todo is not None:
+                yield todo
 
 
-def _check_unchanged(out: ParquetDataset, part: Part, digest: str) -> None:
+def _check_unchanged(out: PartWriter, part: Part, digest: str) -> None:
     recorded = out.input_digest(part.index)
-    if recorded is not None and recorded != digest:
+    if recorded is None:  # written before its digest (the rows fixing the types)
+        out.write_input_digest(part.index, digest)
+    elif recorded != digest:
         raise ValueError(
             f"the source changed since {out.location} was written: rows {part.offset}.."
             f"{part.offset + part.n - 1} (part {part.index}) differ from the rows its output "
-            "file was computed from; pass overwrite=True to compute everything again, or "
+            "files were computed from; pass overwrite=True to compute everything again, or "
             "write into a new directory")
-

@@ -10,7 +10,7 @@ a pandas frame, dict inputs, a stream) -- the rows themselves, compactly seriali
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -25,15 +25,26 @@ READ_BATCH = 65_536
 
 @dataclass
 class Part:
-    """Rows ``offset .. offset + n`` of the source, and how to read them."""
+    """Rows ``offset .. offset + n`` of the source, and how to read them; its first
+    ``start`` rows are in output files already (a resumed part computes the rest)."""
 
     index: int
     offset: int
     n: int
     reader: Any  # read(columns) -> dict[str, pa.Array | list]
+    start: int = 0
 
     def read(self, columns: Sequence[str]) -> dict[str, Any]:
+        """All ``n`` rows of ``columns`` (positions in the part; ``start`` not applied)."""
         return self.reader.read(columns)
+
+    def resumed(self, start: int) -> Part:
+        """This part with its first ``start`` rows already written."""
+        return replace(self, start=start)
+
+    def files(self) -> tuple[FilePiece, ...] | None:
+        """The Parquet pieces the part's rows are in (``None``: rows held in the part)."""
+        return self.reader.pieces if isinstance(self.reader, ParquetReader) else None
 
 
 @dataclass(frozen=True)

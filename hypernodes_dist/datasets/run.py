@@ -3,7 +3,8 @@ hand the parts to the engine, and count what comes back.
 
 The driver never holds the rows: it reads file footers (or slices what is already in its
 memory), sends parts to the engine, and receives ``PartReport``s (counts and, with
-callbacks, events).
+callbacks, events). The rows computed here to fix the output types are written here as
+the first rows of part 0 (the workers start after them).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hypernodes_dist.cache.base import Cache, prepare_cache
+from hypernodes_dist.datasets.commit import COMMIT_SECONDS, check_commit_seconds
 from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask
 from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manifest
 from hypernodes_dist.datasets.result import DatasetResult
-from hypernodes_dist.datasets.schema import output_schema
+from hypernodes_dist.datasets.schema import Head, output_schema
 from hypernodes_dist.datasets.source import ListSource, Source, open_source
 from hypernodes_dist.errors import GraphInputError
 from hypernodes_dist.execution.job import BatchSettings
@@ -28,6 +30,7 @@ from hypernodes_dist.inputs import (
     new_session_id,
 )
 from hypernodes_dist.plan import Plan
+from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
@@ -125,13 +128,18 @@ def run_dataset(
     progress: bool = False,
     cache: Cache | None = None,
     callbacks: Sequence[Any] = (),
+    commit_seconds: float = COMMIT_SECONDS,
+    budget: Mapping[str, float] | None = None,
 ) -> DatasetResult:
-    """Run a map whose rows come from ``source`` (or dict inputs) and write them ``into``."""
+    """Run a map whose rows come from ``source`` (or dict inputs) and write them ``into``
+    (a finished row is in a file within about ``commit_seconds``)."""
+    commit_seconds = check_commit_seconds(commit_seconds)
     inputs = dict(inputs or {})
+    run_prefix = new_run_id() + "-"
     settings = BatchSettings(
-        session_id=session_id or new_session_id(), run_prefix=new_run_id() + "-",
+        session_id=session_id or new_session_id(), run_prefix=run_prefix,
         select=check_select(plan, select), on_error=check_on_error(on_error), cache=cache,
-        want_events=bool(callbacks))
+        want_events=bool(callbacks), budget=check_budget(budget, run_prefix))
     if source is not None:
         src = open_source(source)
         mapping, broadcast = bind_source(plan, src, inputs, columns)
@@ -148,32 +156,51 @@ def run_dataset(
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
     found = check_manifest(out, manifest, overwrite)
+    head = None
     if found is not None:  # the same map ran here before: its partitioning and schema hold
         rows_per_part, schema = found
     else:
         rows_per_part = engine.dataset_part_rows(src.n)
-        schema = output_schema(plan, src, mapping, keep_t, outputs, broadcast, settings)
+        schema, head = output_schema(plan, src, mapping, keep_t, outputs, broadcast, settings,
+                                     max_rows=rows_per_part)
     out.clean_temporary()
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:
         out.write_manifest(encode(manifest))
-    task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out)
-    job = DatasetJob(task, src, rows_per_part, frozenset(out.finished()))
-    collector = DatasetCollector(job, callbacks, progress, engine.name)
+    task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out, commit_seconds)
+    collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
+                                 settings.session_id)
     try:
+        if head is not None:
+            collector.accept(_write_head(task, head))
+        job = DatasetJob(task, src, rows_per_part, out.committed())
         engine.execute_dataset(job, collector.accept)
     finally:
         collector.close()
-    return DatasetResult(out, settings.session_id)
+    return collector.result()
+
+
+def _write_head(task: PartTask, head: Head) -> PartReport:
+    """The rows computed to fix the types: the first file of part 0 (rows ``0 .. n``)."""
+    table, report = task.head_table(head)
+    task.out.write_part(0, table, (0, head.n))
+    return report
 
 
 class DatasetCollector(Tally):
-    """Driver side of a dataset map: progress, callbacks and counts -- never rows."""
+    """Driver side of a dataset map (a ``ResultSink``): progress, callbacks and counts --
+    never rows. On a rerun the bar starts at the rows already in files."""
 
-    def __init__(self, job: DatasetJob, callbacks: Sequence[Any], progress: bool, engine: str):
-        written = min(job.n or 0, len(job.skip) * job.rows_per_part)  # earlier runs
-        super().__init__(callbacks, progress, job.n, f"map [{engine}] -> parquet", written)
+    def __init__(self, callbacks: Sequence[Any], progress: bool, total: int | None,
+                 engine: str, out: ParquetDataset, session_id: str = ""):
+        resumed = sum(rows for rows, _ in out.counts()) if progress and out.finished() else 0
+        super().__init__(callbacks, progress, total, f"map [{engine}] -> parquet", resumed,
+                         unit="row", failed_name="failed")
+        self.out, self.session_id = out, session_id
 
     def accept(self, report: PartReport) -> None:
         self.add(report.n, report.hits, report.failed, report.events)
         report.events = []
+
+    def result(self) -> DatasetResult:
+        return DatasetResult(self.out, self.session_id)

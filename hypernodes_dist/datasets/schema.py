@@ -3,34 +3,47 @@
 Columns, in order: the ``keep`` columns (their source types), the selected outputs, then
 ``_hn_row`` (int64) and ``_hn_error`` (string). An output's type comes from its node's
 return annotation when that decides it, else from running the map's first ``PROBE_ROWS``
-items in the driver (through the shared executor and cache, so with a cache the workers
-reuse them); see ``sinks.arrow_types`` for the rules.
+items in the driver (through the shared executor and cache): those rows' results come back
+as a ``Head``, written as the first rows of part 0, so no row is computed twice; see
+``sinks.arrow_types`` for the rules.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from hypernodes_dist.datasets.source import Source
 from hypernodes_dist.execution.batch import execute_batch
-from hypernodes_dist.execution.job import BatchSettings, Chunk
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.plan import MISSING, Plan
 from hypernodes_dist.sinks.arrow_types import annotation_type, field_for, infer_type
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN
 
-__all__ = ["output_schema", "PROBE_ROWS"]
+__all__ = ["output_schema", "Head", "PROBE_ROWS"]
 
 PROBE_ROWS = 50
 
 
+@dataclass
+class Head:
+    """The source's first ``n`` rows (``data``: mapped and kept columns as lists) and
+    their results (``batch``, the map's settings), computed to fix the output types."""
+
+    data: dict[str, list[Any]]
+    batch: BatchResult
+    n: int
+
+
 def output_schema(plan: Plan, source: Source, mapping: dict[str, str], keep: Sequence[str],
-                  outputs: Sequence[str], broadcast: dict[str, Any],
-                  settings: BatchSettings) -> pa.Schema:
+                  outputs: Sequence[str], broadcast: dict[str, Any], settings: BatchSettings,
+                  max_rows: int = PROBE_ROWS) -> tuple[pa.Schema, Head | None]:
+    """The schema, and the rows run to decide it (at most ``max_rows``; ``None`` when
+    the annotations decided every output)."""
     known = source.fields()
     decided: dict[str, pa.DataType | None] = {}
     for name in outputs:
@@ -39,18 +52,23 @@ def output_schema(plan: Plan, source: Source, mapping: dict[str, str], keep: Seq
             decided[name] = typ or None  # False: pickled
     probe_keep = [k for k in keep if k not in known]
     undecided = [o for o in outputs if o not in decided]
+    head = None
     if undecided or probe_keep:
-        cols = list(dict.fromkeys([*mapping.values(), *probe_keep]))
-        head = source.head(PROBE_ROWS, cols)
+        cols = list(dict.fromkeys([*mapping.values(), *keep]))
+        rows = source.head(min(PROBE_ROWS, max_rows), cols)
         for k in probe_keep:
-            decided[k] = infer_type(head[k])
+            decided[k] = infer_type(rows[k])
         if undecided:
-            decided.update(_probe(plan, head, mapping, undecided, broadcast, settings))
+            head = _probe(plan, rows, mapping, broadcast, settings)
+            if head is not None:
+                decided.update({o: _infer(head.batch, o) for o in undecided})
+            else:
+                decided.update(dict.fromkeys(undecided))
     fields = [known[k] if k in known else field_for(k, decided[k]) for k in keep]
     fields += [field_for(o, decided[o]) for o in outputs]
     fields += [pa.field(ROW_COLUMN, pa.int64(), nullable=False),
                pa.field(ERROR_COLUMN, pa.string())]
-    return pa.schema(fields)
+    return pa.schema(fields), head
 
 
 def _annotated(plan: Plan, output: str) -> pa.DataType | bool | None:
@@ -95,18 +113,16 @@ def _return_annotation(func: Any) -> Any:
     return hints.get("return")
 
 
-def _probe(plan: Plan, head: dict[str, list[Any]], mapping: dict[str, str],
-           outputs: list[str], broadcast: dict[str, Any],
-           settings: BatchSettings) -> dict[str, pa.DataType | None]:
-    n = min((len(v) for v in head.values()), default=0)
+def _probe(plan: Plan, rows: dict[str, list[Any]], mapping: dict[str, str],
+           broadcast: dict[str, Any], settings: BatchSettings) -> Head | None:
+    """The first rows through the plan, with the map's own settings (every selected
+    output, its ``on_error``, events): these results are the rows' results."""
+    n = min((len(v) for v in rows.values()), default=0)
     if n == 0:
-        return {o: None for o in outputs}
-    probe = dataclasses.replace(settings, on_error="collect", want_events=False,
-                                select=tuple(outputs))
-    chunk = Chunk(0, n, {k: head[c][:n] for k, c in mapping.items()}, broadcast)
-    batch = execute_batch(plan, chunk, probe)
-    out = {}
-    for o in outputs:
-        values = [None if v is MISSING else v for v in batch.outputs.get(o, [])]
-        out[o] = infer_type(values)
-    return out
+        return None
+    chunk = Chunk(0, n, {k: rows[c][:n] for k, c in mapping.items()}, broadcast)
+    return Head(rows, execute_batch(plan, chunk, settings), n)
+
+
+def _infer(batch: BatchResult, output: str) -> pa.DataType | None:
+    return infer_type([None if v is MISSING else v for v in batch.outputs.get(output, [])])

@@ -54,6 +54,10 @@ class Source:
         """Arrow fields of the columns whose type is known without reading rows."""
         return {}
 
+    def set_rows(self, n: int) -> None:
+        """The row count, once an engine has counted a source that did not know it."""
+        self.n = n
+
     def fingerprint(self) -> str:
         raise NotImplementedError
 

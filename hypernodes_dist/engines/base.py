@@ -9,7 +9,7 @@ keys, result assembly, events, progress, error policy — is the core's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.kit import (
@@ -20,6 +20,10 @@ from hypernodes_dist.engines.kit import (
 )
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.resources import release_resources
+
+if TYPE_CHECKING:  # pyarrow loads only for dataset maps
+    from hypernodes_dist.datasets import DatasetJob, PartReport
+    from hypernodes_dist.sinks.parquet import ParquetDataset
 
 __all__ = ["Engine"]
 
@@ -37,10 +41,12 @@ class Engine:
         """Run every item of ``job``; call ``sink`` with each ``BatchResult`` in the driver."""
         raise NotImplementedError(f"{type(self).__name__} does not implement execute_map")
 
-    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
-        """Run every pending part of a dataset map (``hypernodes_dist.datasets.DatasetJob``):
-        each part is read, computed and written where it runs; ``report`` receives its
-        ``PartReport`` in the driver. Default: the parts one after another, here."""
+    def execute_dataset(self, job: DatasetJob, report: Callable[[PartReport], None]) -> None:
+        """Run every pending part of a dataset map: each part is read, computed and written
+        where it runs, through the core's part pipeline (``PartTask.run(part)`` on a
+        worker, ``job.run_here`` in this process), which commits its rows to files by
+        time (``commit_seconds``); ``report`` receives the ``PartReport``s in the driver.
+        Default: the parts one after another, here."""
         job.run_here(report)
 
     def dataset_workers(self) -> int:
@@ -70,7 +76,7 @@ class Engine:
         if elsewhere is not None:
             check_cache_seen(cache, *elsewhere)
 
-    def check_output(self, out: Any) -> None:
+    def check_output(self, out: ParquetDataset) -> None:
         """Before a dataset map runs anything: raise ``ValueError`` naming the workers that
         cannot see the ``into`` directory (``sinks.parquet.ParquetDataset``, created), on
         every worker ``workers_elsewhere`` reaches."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
@@ -14,6 +14,9 @@ from hypernodes_dist.execution.batching import item_window
 from hypernodes_dist.execution.flow import ItemFlow, drive
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.syncio import gather_tasks, run_sync
+
+if TYPE_CHECKING:  # pyarrow loads only for dataset maps
+    from hypernodes_dist.datasets import DatasetJob, PartReport
 
 __all__ = ["GraphEngine"]
 
@@ -66,10 +69,10 @@ class GraphEngine(Engine):
                 for f in futures:
                     f.cancel()
 
-    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
-        """Parts one after another, each through the executor in steps of 10 000 items (at
-        most ``batch_size`` async calls in flight): few executor calls per part."""
-        job.run_here(report, step=max(self.batch_size, 10_000), concurrency=self.batch_size)
+    def execute_dataset(self, job: DatasetJob, report: Callable[[PartReport], None]) -> None:
+        """Parts one after another through the core's part pipeline (steps sized by time,
+        at most ``batch_size`` async calls in flight)."""
+        job.run_here(report, concurrency=self.batch_size)
 
     async def _flow(self, job: MapJob, sink: Sink) -> None:
         """Plans whose items flow (``Plan.flows``): the items of every batch under one window

@@ -12,19 +12,32 @@ __all__ = ["Tally"]
 
 class Tally:
     """Counts of finished items, the events they carry sent to the callbacks, and a tqdm
-    bar (``progress``) that moves as batches or parts arrive, in any order."""
+    bar (``progress``) that moves as batches or parts arrive, in any order: items done of
+    the total, items per second, elapsed and ETA, cache hits and failures (named
+    ``failed_name``), and with ``initial`` the items an earlier run had done already
+    (``resumed=``: the rate and ETA count only this run's)."""
 
     def __init__(self, callbacks: Sequence[Any], progress: bool, total: int | None,
-                 desc: str, initial: int = 0) -> None:
+                 desc: str, initial: int = 0, unit: str = "item",
+                 failed_name: str = "errors") -> None:
         self.callbacks = callbacks
         self.dispatch = Dispatcher(callbacks)
         self.done = self.hits = self.failed = 0
+        self.initial = initial
+        self.failed_name = failed_name
         self.bar = None
         if progress:
             from tqdm.auto import tqdm  # loaded only for maps that show progress
 
-            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="item",
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit,
                             dynamic_ncols=True)
+            self.bar.set_postfix(self._postfix(), refresh=False)
+
+    def _postfix(self) -> dict[str, int]:
+        post = {"cache_hits": self.hits, self.failed_name: self.failed}
+        if self.initial:
+            post["resumed"] = self.initial
+        return post
 
     def add(self, n: int, hits: int, failed: int, events: list[Event]) -> None:
         """``n`` more items finished (``hits`` cache hits, ``failed`` errors)."""
@@ -34,7 +47,7 @@ class Tally:
         if self.callbacks:
             self.dispatch.all(events)
         if self.bar is not None:
-            self.bar.set_postfix(cache_hits=self.hits, errors=self.failed, refresh=False)
+            self.bar.set_postfix(self._postfix(), refresh=False)
             self.bar.update(n)
 
     def close(self) -> None:

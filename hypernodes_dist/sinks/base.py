@@ -3,22 +3,28 @@
 Two sides, because a dataset map writes where it computes:
 
 - ``ResultSink`` lives in the driver: the engine hands it every report of a finished batch
-  or part (``accept``), in any order; ``result()`` builds what ``map`` returns. The
-  in-memory ``MapResult`` assembly and the dataset (``into=``) progress/error counting are
-  the two implementations.
+  or part file (``accept``), in any order; ``result()`` builds what ``map`` returns. The
+  dataset (``into=``) collector (``datasets.run.DatasetCollector``) implements it.
 - ``PartWriter`` lives wherever a part is computed (the driver, a Dask worker, a Daft
-  thread): it makes one part's output appear complete or not at all.
+  thread, a Ray task): it makes each file of a part's rows appear complete or not at all,
+  and says which rows of each part are in files already. ``sinks.parquet.ParquetDataset``
+  implements it; the part pipeline (``datasets.commit``) and ``PartTask`` take it as a
+  ``PartWriter``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from hypernodes_dist.sinks.parquet import Committed
 
 __all__ = ["ResultSink", "PartWriter"]
 
 
+@runtime_checkable
 class ResultSink(Protocol):
     """Driver side: receives reports as parts finish, builds the map's return value."""
 
@@ -27,8 +33,21 @@ class ResultSink(Protocol):
     def result(self) -> Any: ...
 
 
+@runtime_checkable
 class PartWriter(Protocol):
-    """Worker side: writes one part's rows so that readers see all of them or none."""
+    """Worker side: writes a part's rows so that readers see all of a file or none."""
 
-    def finished(self) -> set[int]: ...
-    def write_part(self, index: int, table: pa.Table) -> str: ...
+    location: str
+
+    def committed(self) -> dict[int, Committed]:
+        """Per part with files: how many of its first rows they hold."""
+        ...
+
+    def write_part(self, index: int, table: pa.Table,
+                   span: tuple[int, int] | None = None) -> str:
+        """Write part ``index``'s rows (``span``: its rows ``start .. stop`` only)."""
+        ...
+
+    def remove(self, path: str) -> None: ...
+    def write_input_digest(self, index: int, digest: str) -> None: ...
+    def input_digest(self, index: int) -> str | None: ...

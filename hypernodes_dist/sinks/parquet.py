@@ -1,12 +1,16 @@
 """The ``into=`` directory: a plain Parquet dataset written part by part, by the workers.
 
-- one file per part, ``part-000042.parquet``: a part's rows are written to a temporary
-  ``.hn-tmp-*`` name in the same directory and renamed into place, so an output file
-  appears complete or not at all (on object stores a finished upload is atomic too);
+- a part (a row range one worker computes) is one file, ``part-000042.parquet``, or -- when
+  its rows were committed as they finished (``commit_seconds``) -- consecutive files
+  ``part-000042-000000000-000001234.parquet`` of its rows ``0 .. 1234`` (positions in the
+  part), ``part-000042-000001234-...``; every file is written to a temporary ``.hn-tmp-*``
+  name in the same directory and renamed into place, so an output file appears complete or
+  not at all (on object stores a finished upload is atomic too);
 - every other file the map keeps there starts with ``_`` or ``.`` (``_hn_manifest.json``,
   ``_hn_input-000042`` digests of streamed parts' rows, temporary files), so pyarrow,
   Daft and Dask read the directory as a dataset as it is;
-- ``finished()`` lists the parts whose file exists: a rerun skips them.
+- ``committed()`` says, per part, how many of its first rows are in files: a rerun
+  computes only the rest.
 
 Local paths and URIs (``s3://``, ``gs://``, ``file://``) go through ``pyarrow.fs``.
 """
@@ -18,17 +22,31 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["ParquetDataset", "MANIFEST", "ERROR_COLUMN", "ROW_COLUMN"]
+__all__ = ["ParquetDataset", "Committed", "MANIFEST", "ERROR_COLUMN", "ROW_COLUMN"]
 
 MANIFEST = "_hn_manifest.json"
 INPUT_DIGEST = "_hn_input-"  # + part index: the digest of a streamed part's rows
 ROW_COLUMN = "_hn_row"
 ERROR_COLUMN = "_hn_error"
-_PART = re.compile(r"^part-(\d+)\.parquet$")
+_PART = re.compile(r"^part-(\d+)(?:-(\d+)-(\d+))?\.parquet$")
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What the files of one part hold: its first ``rows`` rows, or all of them
+    (``whole``: one file written at once); ``later`` names range files past a gap."""
+
+    rows: int = 0
+    whole: bool = False
+    later: tuple[str, ...] = ()
+
+    def done(self, n: int) -> bool:
+        return self.whole or self.rows >= n
 
 
 class ParquetDataset:
@@ -56,8 +74,12 @@ class ParquetDataset:
         return f"{self.root}/{name}"
 
     @staticmethod
-    def part_name(index: int) -> str:
-        return f"part-{index:06d}.parquet"
+    def part_name(index: int, span: tuple[int, int] | None = None) -> str:
+        """``part-000042.parquet`` (the whole part) or ``part-000042-<start>-<stop>.parquet``
+        (its rows ``start .. stop``)."""
+        if span is None:
+            return f"part-{index:06d}.parquet"
+        return f"part-{index:06d}-{span[0]:09d}-{span[1]:09d}.parquet"
 
     def create(self) -> None:
         self.filesystem.create_dir(self.root, recursive=True)
@@ -71,19 +93,48 @@ class ParquetDataset:
                       if i.type == pafs.FileType.File)
 
     def finished(self) -> set[int]:
-        """Parts whose output file exists (complete: files appear by rename)."""
+        """Parts with at least one output file (files appear complete, by rename)."""
         return {int(m.group(1)) for name in self.listing() if (m := _PART.match(name))}
+
+    def committed(self) -> dict[int, Committed]:
+        """Per part with files: how many of its first rows they hold (consecutive files
+        from row 0 on; a file past a gap is listed in ``later``, by path, to be replaced)."""
+        spans: dict[int, list[tuple[int, int, str]]] = {}
+        whole: set[int] = set()
+        for name in self.listing():
+            m = _PART.match(name)
+            if not m:
+                continue
+            index = int(m.group(1))
+            if m.group(2) is None:
+                whole.add(index)
+            else:
+                spans.setdefault(index, []).append((int(m.group(2)), int(m.group(3)), name))
+        out = {i: Committed(whole=True) for i in whole}
+        for index, found in spans.items():
+            if index in whole:
+                continue
+            rows, later = 0, []
+            for start, stop, name in sorted(found):
+                if start == rows:
+                    rows = stop
+                else:
+                    later.append(self.path(name))
+            out[index] = Committed(rows, False, tuple(later))
+        return out
 
     def part_files(self) -> list[str]:
         return [self.path(n) for n in self.listing() if _PART.match(n)]
 
     # -- writing -----------------------------------------------------------------------
-    def write_part(self, index: int, table: pa.Table) -> str:
-        """Write one part's table: temporary name, then rename into place."""
+    def write_part(self, index: int, table: pa.Table,
+                   span: tuple[int, int] | None = None) -> str:
+        """Write one part's rows (``span``: only its rows ``start .. stop``, else all of
+        them): temporary name, then rename into place."""
         import pyarrow.parquet as pq
 
-        final = self.path(self.part_name(index))
-        tmp = self.path(f".hn-tmp-{index:06d}-{uuid.uuid4().hex[:12]}.parquet")
+        final = self.path(self.part_name(index, span))
+        tmp = self.temp_path(index)
         try:
             pq.write_table(table, tmp, filesystem=self.filesystem,
                            row_group_size=min(max(table.num_rows, 1), 1 << 17))
@@ -91,12 +142,6 @@ class ParquetDataset:
         except BaseException:
             self.remove(tmp)
             raise
-        return final
-
-    def adopt(self, index: int, written: str) -> str:
-        """Move a file written elsewhere in the directory (by Daft) into part ``index``."""
-        final = self.path(self.part_name(index))
-        self.filesystem.move(written, final)
         return final
 
     def temp_path(self, index: int) -> str:

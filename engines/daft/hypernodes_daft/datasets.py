@@ -1,32 +1,32 @@
-"""Dataset maps on Daft: Daft reads the source, a batch UDF runs the plan and returns Arrow
-columns, Daft writes the part's Parquet file.
+"""Dataset maps on Daft: Daft reads the source and runs the plan in a batch UDF that returns
+Arrow columns; the core's part pipeline (``hypernodes_dist.datasets.commit``) sizes the
+steps and writes the files, as on every engine.
 
-One Daft query per part (a part is a row range; see ``hypernodes_dist.datasets``)::
+A part (a row range; see ``hypernodes_dist.datasets``) is computed in steps, one Daft
+query each::
 
-    daft.read_parquet(the part's files, row_groups=...)      # or the Daft frame / rows
-      -> row id (monotonically_increasing_id) -> keep the part's row range
+    daft.read_parquet(the part's files, row_groups=...)      # or the part's rows
+      -> row id (monotonically_increasing_id) -> keep the step's row range
       -> batch UDF: PartTask.compute -> struct of outputs, _hn_row, _hn_error (unnested)
-      -> collect (in scan order: the rows stay in _hn_row order)
-      -> write_parquet(temporary name, single_file=True) -> rename   (a helper thread,
-         while the next part computes)
+      -> collect (in scan order: the rows stay in _hn_row order) -> Arrow table
 
-so a killed map keeps every finished part file and a rerun skips it. The UDF returns the
-results as Arrow columns (never pickled payloads); counts, events and a raised error reach
-the driver through a mailbox (the native runner runs UDFs in threads of this process).
-Other sources (a ``daft.DataFrame`` too: Daft streams it in order) are cut into parts as
-they are read, and each part enters Daft with ``daft.from_pydict``. On the Ray runner,
-dataset maps run their parts in the driver (``Engine.execute_dataset``).
+and the pipeline writes a part's finished steps as one Parquet file every
+``commit_seconds`` or at the part's end (a helper thread, while the next step computes),
+so a killed map keeps every committed row and a rerun skips it. Steps grow with the rows
+per second measured (one query per part for fast maps). Counts, events and a raised error
+reach the driver through a mailbox (the native runner runs UDFs in threads of this
+process). Other sources (a ``daft.DataFrame`` too: Daft streams it in order) are cut into
+parts as they are read, and each step enters Daft with ``daft.from_pydict``. On the Ray
+runner, each part is one Ray task running ``PartTask.run`` (``on_ray.py``).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 import daft
@@ -34,7 +34,8 @@ import pyarrow as pa
 from daft import DataType, Series, col
 from daft.functions import monotonically_increasing_id
 
-from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
+from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask, run_parts
+from hypernodes_dist.datasets.commit import Compute
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.context import worker_id
@@ -47,12 +48,11 @@ __all__ = ["run_dataset_native", "part_rows"]
 ID = "__hn_id"
 _MAIL: dict[str, list[Any]] = {}
 _lock = threading.Lock()
-_serial = itertools.count()
 
 
 def part_rows(n: int | None, batch_size: int | None) -> int:
-    """Rows per part (one Daft query each): a quarter of the rows, 10 000 .. 250 000 (a
-    part's columns are held by Daft while it runs)."""
+    """Rows per part: a quarter of the rows, 10 000 .. 250 000 (a part's output is held
+    until its last file is written)."""
     if batch_size is not None:
         return batch_size
     if not n:
@@ -62,33 +62,40 @@ def part_rows(n: int | None, batch_size: int | None) -> int:
 
 def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
                        batch_size: int | None) -> None:
-    """Parts one after another; a part's file is written by a helper thread while the next
-    part computes (the write is Daft's Rust code; the plan's Python calls hold the GIL)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="hn-daft-write") as writer:
-        writing: Future[PartReport] | None = None
-        for part, frame, first in _frames(job):
-            computed, done = _compute_part(job.task, part, frame, first, batch_size)
-            if writing is not None:
-                report(writing.result())
-            writing = writer.submit(_write_part, job.task, part, computed, done)
-        if writing is not None:
-            report(writing.result())
+    """Every pending part through the core's part pipeline, each step one Daft query."""
+    run_parts(job.task.out, job.task.commit_seconds, job.pending(),
+              lambda part: _stepper(job, part, batch_size), report)
 
 
-def _frames(job: DatasetJob) -> Iterator[tuple[Part, daft.DataFrame, int]]:
-    """``(part, frame with the row id column, id of the part's first row)``."""
-    src = job.source
-    for part in job.pending():
-        if src.kind == "parquet":
-            pieces = part.reader.pieces
-            paths = [src.uri_prefix + p.path for p in pieces]
-            frame = daft.read_parquet(paths, row_groups=[list(p.row_groups) for p in pieces],
-                                      io_config=io_config(src.where))
-            frame = _with_id(frame.select(*job.task.read_columns))
-            first = pieces[0].skip
-            yield part, frame.where((col(ID) >= first) & (col(ID) < first + part.n)), first
-        else:
-            yield part, _with_id(_from_columns(part.read(job.task.read_columns))), 0
+def _stepper(job: DatasetJob, part: Part, batch_size: int | None) -> Compute:
+    """``compute(a, b)``: rows ``a .. b`` of ``part`` through one Daft query."""
+    task, src = job.task, job.source
+    files = part.files()
+    if files is not None:  # Daft reads the part's row groups; the row id picks the rows
+        frame = daft.read_parquet([src.uri_prefix + p.path for p in files],
+                                  row_groups=[list(p.row_groups) for p in files],
+                                  io_config=io_config(src.where))
+        base, first = _with_id(frame.select(*task.read_columns)), files[0].skip
+
+        def rows(a: int, b: int) -> tuple[daft.DataFrame, int]:
+            return base.where((col(ID) >= first + a) & (col(ID) < first + b)), -first
+    else:
+        data = part.read(task.read_columns)
+
+        def rows(a: int, b: int) -> tuple[daft.DataFrame, int]:
+            return _with_id(_from_columns({k: _slice(v, a, b) for k, v in data.items()})), a
+
+    def compute(a: int, b: int) -> tuple[pa.Table, PartReport]:
+        if a == b:
+            return task.schema.empty_table(), PartReport(part.index, part.offset + a, 0)
+        frame, shift = rows(a, b)
+        return _compute(task, part, frame, part.offset + shift, b - a, batch_size)
+
+    return compute
+
+
+def _slice(values: Any, a: int, b: int) -> Any:
+    return values[a:b] if isinstance(values, list) else values.slice(a, b - a)
 
 
 def _with_id(frame: daft.DataFrame) -> daft.DataFrame:
@@ -105,50 +112,36 @@ def _from_columns(data: dict[str, Any]) -> daft.DataFrame:
     return daft.from_pydict(series)
 
 
-def _compute_part(task: PartTask, part: Part, frame: daft.DataFrame, first: int,
-                  batch_size: int | None) -> tuple[daft.DataFrame, PartReport]:
-    """The part's output rows, collected (in scan order, so the row ids are the rows'
-    positions: a write alone would not keep it, Daft's writers drop the order of what comes
-    before them), and its counts; a failed row under ``on_error="raise"`` raises here."""
-    token = f"{uuid.uuid4().hex}"
+def _compute(task: PartTask, part: Part, frame: daft.DataFrame, shift: int, n: int,
+             batch_size: int | None) -> tuple[pa.Table, PartReport]:
+    """``frame``'s rows (row id + ``shift``: their position in the source) computed, as a
+    table of the output schema, collected in scan order (the rows stay in ``_hn_row``
+    order), and their counts; a failed row under ``on_error="raise"`` raises here."""
+    token = uuid.uuid4().hex
     with _lock:
         _MAIL[token] = []
     names = list(task.mapping)
-    size = fit_size(task.plan, batch_size or partition_size(part.n, _cpus(), 2))
+    size = fit_size(task.plan, batch_size or partition_size(n, _cpus(), 2))
     udf = daft.func.batch(
         return_dtype=DataType.from_arrow_type(pa.struct(task.computed_fields)), unnest=True,
-        batch_size=size, use_process=False)(_make_udf(task, part.offset - first, names, token))
+        batch_size=size, use_process=False)(_make_udf(task, shift, names, token))
     columns = [col(task.mapping[name]) for name in names]
     computed_columns = apply_udf(udf, [col(ID), *columns], task.plan, task.broadcast)
     out = frame.select(*(col(k) for k in task.keep), computed_columns)
     try:
-        computed = out.collect()
+        table = out.to_arrow()
     finally:
         reports = _take(token)
     failure = [m for m in reports if isinstance(m, BaseException)]
     if failure:
         raise failure[0]
-    total = PartReport(part.index, part.offset, sum(r.n for r in reports), worker=worker_id())
+    total = PartReport(part.index, part.offset, 0, worker=worker_id())
     for r in reports:
-        total.failed += r.failed
-        total.executed += r.executed
-        total.hits += r.hits
-        total.events.extend(r.events)
-    return computed, total
-
-
-def _write_part(task: PartTask, part: Part, computed: daft.DataFrame,
-                done: PartReport) -> PartReport:
-    """Daft writes the part to a temporary name; the rename makes it appear complete."""
-    tmp = task.out.temp_path(part.index)
-    try:
-        computed.write_parquet(task.out.uri_prefix + tmp, single_file=True,
-                               io_config=io_config(task.out.location))
-    except BaseException:
-        task.out.remove(tmp)
-        raise
-    task.out.adopt(part.index, tmp)
-    return done
+        total.add(r)
+    total.offset = min((r.offset for r in reports), default=part.offset)
+    schema = task.schema
+    return pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in schema],
+                                schema=schema), total
 
 
 def _take(token: str) -> list[Any]:

@@ -1,9 +1,11 @@
-"""Dataset maps on Dask: one task per part; the task reads the part, runs the plan, writes the
-part's Parquet file and returns a ``PartReport`` (counts, not rows).
+"""Dataset maps on Dask: one task per part; the task reads the part and runs it through the
+core's part pipeline (``PartTask.run``: steps, a file of its finished rows every
+``commit_seconds`` or at its end), and returns a ``PartReport`` (counts, not rows).
 
 - What the parts share (the ``PartTask``: plan, broadcast inputs, schema, output directory)
-  travels once: the object itself on threads/sync, a ``Shipment`` file on the process pool,
-  a ``Shipment`` scattered to every worker on ``distributed``.
+  travels once, by the engine's one shipping path (``shipping.py``): the object itself on
+  threads/sync, a ``Shipment`` file on the process pool, a ``Shipment`` scattered to every
+  worker on ``distributed``.
 - Parquet parts carry only file names, row groups and row ranges: the workers read them.
   In-memory sources (an Arrow table, a pandas frame, dict inputs) and streams carry their
   rows; streams are submitted in windows, so the driver holds a few parts at a time.
@@ -15,24 +17,22 @@ part's Parquet file and returns a ``PartReport`` (counts, not rows).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
 from collections.abc import Callable, Iterator
-from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
 from hypernodes_dist.engines.kit import unpicklable
-from hypernodes_dist.errors import NodeError, UnpicklableError, call_portably
+from hypernodes_dist.errors import NodeError
 
-from .compile import Shipment, write_shipment
-from .local import compute_local, running_keys
+from .local import compute_local
+from .shipping import InFlight, Shipment, on_cluster, on_processes, pickled, run_there
+
+if TYPE_CHECKING:
+    from .engine import DaskEngine
 
 __all__ = ["run_dataset_distributed", "run_dataset_local"]
 
@@ -40,28 +40,22 @@ Report = Callable[[PartReport], None]
 PART_KEY = "hn-dataset-part"
 
 
-def _ship(task: PartTask, where: str) -> tuple[bytes, str]:
-    try:
-        data = cloudpickle.dumps(task)
-    except Exception as exc:
-        raise unpicklable(task.plan, task.broadcast, where) or UnpicklableError(
-            f"the map cannot be sent to {where}: {exc}") from exc
-    return data, hashlib.blake2b(data, digest_size=16).hexdigest()
+def _shipment(task: PartTask, where: str) -> Shipment:
+    return pickled(task, where, lambda: unpicklable(task.plan, task.broadcast, where))
 
 
 def run_part(shared: PartTask | Shipment, part: Part, frame: Any = None) -> PartReport:
-    """One Dask task: read, compute and write one part (``frame``: a Dask partition)."""
-    remote = isinstance(shared, Shipment)
-    task: PartTask = shared.load() if remote else shared  # type: ignore[assignment]
+    """One Dask task: read, compute and write one part (``frame``: a Dask partition), in
+    the core's part pipeline (``PartTask.run``: files by ``commit_seconds``)."""
 
-    def run() -> PartReport:
-        data, at = None, part
-        if frame is not None:
-            data = PandasReader(frame).read(task.read_columns)
-            at = Part(part.index, part.offset, len(frame), None)
+    def work(task: PartTask) -> PartReport:
+        if frame is None:
+            return task.run(part)
+        data = PandasReader(frame).read(task.read_columns)
+        at = Part(part.index, part.offset, len(frame), None, part.start)
         return task.run(at, data=data)
 
-    return call_portably(run) if remote else run()
+    return run_there(shared, work)
 
 
 def _windows(job: DatasetJob, size: int) -> Iterator[list[Part]]:
@@ -79,29 +73,22 @@ def _windows(job: DatasetJob, size: int) -> Iterator[list[Part]]:
 # ------------------------------------------------------------------ local schedulers
 
 
-def run_dataset_local(engine: Any, job: DatasetJob, report: Report) -> None:
+def run_dataset_local(engine: DaskEngine, job: DatasetJob, report: Report) -> None:
     """Threads / processes / sync: one graph per window of parts, reports as tasks end."""
-    if engine._processes is not None:
-        data, digest = _ship(job.task, "worker processes")
-        shared: Any = write_shipment(data, digest, engine._processes.scratch())
-    else:
-        shared = job.task
-    try:
+    with on_processes(engine.processes, job.task,
+                      lambda: _shipment(job.task, "worker processes")) as shared:
         for dsk, keys in _graphs(engine, job, shared):
-            compute_local(engine, dsk, keys, report, threads=engine.num_workers)
-    except BrokenProcessPool as exc:  # a worker died (signal, os._exit, out of memory)
-        parts = sorted(k[1] for k in running_keys(exc) if isinstance(k, tuple) and k[0] == PART_KEY)
-        raise NodeError(
-            f"a Dask worker process died running part(s) {parts} of the dataset map (killed, "
-            "os._exit, segfault or out of memory); every part already written is kept: "
-            "rerun the same map to continue", "BrokenProcessPool") from exc
-    finally:
-        if isinstance(shared, Shipment) and shared.path:
-            with contextlib.suppress(OSError):
-                os.unlink(shared.path)
+            compute_local(engine, dsk, keys, report, threads=engine.num_workers,
+                          died=_died)
 
 
-def _graphs(engine: Any, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, list]]:
+def _died(running: list[Any]) -> NodeError:
+    parts = sorted(k[1] for k in running if isinstance(k, tuple) and k[0] == PART_KEY)
+    return NodeError(
+        f"a Dask worker process died running part(s) {parts} of the dataset map (killed, "
+        "os._exit, segfault or out of memory); every file already written is kept: rerun "
+        "the same map to continue", "BrokenProcessPool")
+def _graphs(engine: DaskEngine, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, list]]:
     skey = ("hn-dataset-shared",)
     if job.source.kind == "dask":
         delayed = job.source.frame.to_delayed()
@@ -126,8 +113,9 @@ def _graphs(engine: Any, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, l
         yield dsk, keys
 
 
-def _dask_parts(job: DatasetJob, engine: Any) -> list[Part]:
-    """One part per Dask partition, with offsets from a length pass run on the workers."""
+def _dask_parts(job: DatasetJob, engine: DaskEngine) -> list[Part]:
+    """One part per Dask partition (from its first row not in a file), with offsets from
+    a length pass run on the workers."""
     lengths = job.source.frame.map_partitions(len)
     if engine.scheduler == "distributed":
         counts = engine.client.compute(lengths).result()
@@ -135,49 +123,35 @@ def _dask_parts(job: DatasetJob, engine: Any) -> list[Part]:
         counts = lengths.compute(scheduler="sync" if engine.scheduler == "sync" else "threads")
     parts, offset = [], 0
     for i, n in enumerate(int(x) for x in counts):
-        if i not in job.skip:
-            parts.append(Part(i, offset, n, None))
+        todo = job.resume(Part(i, offset, n, None))
+        if todo is not None:
+            parts.append(todo)
         offset += n
-    job.source.n = offset
+    job.source.set_rows(offset)
     return parts
 
 
 # ------------------------------------------------------------------ distributed
 
 
-def run_dataset_distributed(engine: Any, job: DatasetJob, report: Report) -> None:
-    from distributed import as_completed
-
+def run_dataset_distributed(engine: DaskEngine, job: DatasetJob, report: Report) -> None:
+    """One future per part, at most a window of them in flight (a stream source is read as
+    parts finish); the rest are cancelled on an error."""
     client = engine.client
-    data, digest = _ship(job.task, "Dask workers")
-    [shared] = client.scatter([Shipment(digest, data=data)], broadcast=True, hash=False)
-    pending: dict[str, Any] = {}
-    try:
+    with on_cluster(client, _shipment(job.task, "Dask workers")) as shared, \
+            InFlight(client) as in_flight:
         if job.source.kind == "dask":
             frames = client.compute(job.source.frame.to_delayed())
-            futures = [client.submit(run_part, shared, p, frames[p.index], pure=False)
-                       for p in _dask_parts(job, engine)]
+            for p in _dask_parts(job, engine):
+                in_flight.add(client.submit(run_part, shared, p, frames[p.index], pure=False))
             del frames
-            pending.update((f.key, f) for f in futures)
-            for future, result in as_completed(futures, loop=client.loop, with_results=True):
-                del pending[future.key]
+            for _, result in in_flight:
                 report(result)
             return
-        window = 4 * engine.workers()
         parts = job.pending()
-        done = as_completed(loop=client.loop, with_results=True)
-        for part in islice(parts, window):
-            f = client.submit(run_part, shared, part, pure=False)
-            pending[f.key] = f
-            done.add(f)
-        for future, result in done:
-            del pending[future.key]
+        for part in islice(parts, 4 * engine.workers()):
+            in_flight.add(client.submit(run_part, shared, part, pure=False))
+        for _, result in in_flight:
             report(result)
             for part in islice(parts, 1):  # keep the window full
-                f = client.submit(run_part, shared, part, pure=False)
-                pending[f.key] = f
-                done.add(f)
-    finally:
-        if pending:
-            client.cancel(list(pending.values()))
-        client.cancel([shared])
+                in_flight.add(client.submit(run_part, shared, part, pure=False))

@@ -1,0 +1,254 @@
+"""The part pipeline every engine runs: compute a part in steps, commit its rows by time.
+
+``run_parts(out, commit_seconds, parts, open_part, report)`` is the whole life of the parts
+one worker computes, wherever it runs (the driver for the local and Daft engines, a Dask
+task, a Ray task); an engine only supplies ``open_part(part) -> compute(a, b)``, which
+returns rows ``a .. b`` of the part as an Arrow table of the output schema and their
+``PartReport``:
+
+- **steps**: a part is computed in steps (one executor call, or one Daft query, each);
+  ``Steps`` sizes them from the rows per second measured so far, to take about a quarter
+  of ``commit_seconds`` (starting small, growing at most ``GROWTH`` times per step, never
+  past the part's end), so a fast trivial map computes a part in a few large steps and
+  a slow one hands its rows over every few seconds;
+- **commits**: finished steps wait in memory in a ``PartPipeline``; its writer thread
+  writes them as one file once the oldest has waited half of ``commit_seconds``, or when
+  the part's last step is done (a part computed within that time is one file,
+  ``part-000042.parquet``; otherwise consecutive range files). So a row that finished
+  more than ``commit_seconds`` ago is in a complete file, and a file holds at most one
+  part (parts are bounded in rows). The file is written while the next step computes
+  (pyarrow's writer releases the GIL); a new part waits until the previous part's last
+  file is written, so at most two parts are held at once;
+- **reports**: each written file's ``PartReport`` (counts and events of its rows) goes to
+  ``report`` as the next step starts (in the driver: the progress bar moves by file).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from hypernodes_dist.datasets.parts import Part
+from hypernodes_dist.datasets.report import PartReport
+from hypernodes_dist.sinks.base import PartWriter
+
+__all__ = ["run_parts", "PartPipeline", "Steps", "Compute", "COMMIT_SECONDS"]
+
+COMMIT_SECONDS = 30.0
+HOLD = 0.5  # finished rows wait at most this share of commit_seconds before their write
+STEP = 0.25  # a step aims at this share of commit_seconds
+FIRST_STEP = 16  # rows of a worker's first step (nothing measured yet)
+GROWTH = 8  # a step is at most this many times the previous one
+
+Compute = Callable[[int, int], "tuple[pa.Table, PartReport]"]
+
+
+def check_commit_seconds(value: object) -> float:
+    """``commit_seconds`` as a float; ``ValueError`` for anything but a positive number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(
+            f"commit_seconds={value!r}: pass a positive number of seconds (how long a "
+            "finished row may wait before it is in a file of into=; default 30)")
+    return float(value)
+
+
+class Steps:
+    """Sizes the steps of one worker's parts from the rows per second measured so far."""
+
+    def __init__(self, commit_seconds: float, first: int = FIRST_STEP) -> None:
+        self.target = commit_seconds * STEP
+        self.first = max(1, first)
+        self.last = 0
+        self.rate: float | None = None
+
+    def size(self, rest: int) -> int:
+        if self.rate is None:
+            return min(rest, self.first)
+        want = int(self.rate * self.target)
+        return min(rest, max(1, min(want, max(self.last, self.first) * GROWTH)))
+
+    def record(self, n: int, seconds: float) -> None:
+        if n:
+            self.last = n
+            self.rate = n / max(seconds, 1e-6)
+
+
+@dataclass
+class _Held:
+    """Rows of one part computed but not in a file yet."""
+
+    part: Part
+    start: int  # first row (position in the part) not in a file
+    tables: list[pa.Table] = field(default_factory=list)
+    reports: list[PartReport] = field(default_factory=list)
+    rows: int = 0
+    since: float | None = None  # when the oldest held rows were handed over
+    ended: bool = False  # every row of the part has been handed over
+
+
+class PartPipeline:
+    """Holds finished steps of parts and writes them, by time or at a part's end, from a
+    writer thread; a write error is raised in the computing thread at its next call."""
+
+    def __init__(self, out: PartWriter, commit_seconds: float) -> None:
+        self.out = out
+        self.hold = commit_seconds * HOLD
+        self._cond = threading.Condition()
+        self._held: dict[int, _Held] = {}
+        self._written: list[PartReport] = []
+        self._error: BaseException | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="hn-commit", daemon=True)
+        self._thread.start()
+
+    def begin(self, part: Part) -> None:
+        """Part ``part`` starts (from its row ``part.start``): waits until the previous
+        part's last file is written."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._error is not None
+                                or not any(h.ended for h in self._held.values()))
+            self._raise()
+            self._held[part.index] = _Held(part, part.start)
+
+    def add(self, part: Part, table: pa.Table, report: PartReport) -> None:
+        """The part's next rows, finished."""
+        with self._cond:
+            self._raise()
+            held = self._held[part.index]
+            held.tables.append(table)
+            held.reports.append(report)
+            held.rows += table.num_rows
+            if held.since is None:
+                held.since = time.monotonic()
+            self._cond.notify_all()
+
+    def end(self, part: Part) -> None:
+        """Every row of ``part`` has been added: its rest is written now."""
+        with self._cond:
+            self._held[part.index].ended = True
+            self._cond.notify_all()
+
+    def take(self) -> list[PartReport]:
+        """Reports of the files written since the last call."""
+        with self._cond:
+            self._raise()
+            out, self._written = self._written, []
+            return out
+
+    def close(self, raise_errors: bool = True) -> list[PartReport]:
+        """Write what is held, stop the writer thread; the reports not taken yet."""
+        with self._cond:
+            self._closing = True
+            for held in self._held.values():
+                held.ended = True
+            self._cond.notify_all()
+        self._thread.join()
+        with self._cond:
+            if raise_errors:
+                self._raise()
+            out, self._written = self._written, []
+            return out
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _due(self, now: float) -> _Held | None:
+        for held in self._held.values():  # in part order
+            if held.ended or (held.since is not None and now - held.since >= self.hold):
+                return held
+        return None
+
+    def _next(self) -> tuple[Part, int, list[pa.Table], list[PartReport], bool] | None:
+        """Under the lock: the next rows to write (``None``: stop)."""
+        while True:
+            if self._error is not None:
+                return None
+            held = self._due(time.monotonic())
+            if held is not None:
+                tables, reports, start = held.tables, held.reports, held.start
+                held.tables, held.reports, held.since = [], [], None
+                held.start += held.rows
+                held.rows = 0
+                if held.ended:
+                    del self._held[held.part.index]
+                    self._cond.notify_all()
+                if tables:
+                    return held.part, start, tables, reports, held.ended
+                continue
+            if self._closing and not self._held:
+                return None
+            waits = [h.since + self.hold - time.monotonic()
+                     for h in self._held.values() if h.since is not None]
+            self._cond.wait(max(0.0, min(waits)) if waits else None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                work = self._next()
+            if work is None:
+                return
+            try:
+                report = _write(self.out, *work)
+            except BaseException as exc:  # noqa: BLE001 -- raised in the computing thread
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._written.append(report)
+                self._cond.notify_all()
+
+
+def _write(out: PartWriter, part: Part, start: int, tables: list[pa.Table],
+           reports: list[PartReport], ended: bool) -> PartReport:
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    stop = start + table.num_rows
+    whole = start == 0 and stop == part.n and ended
+    out.write_part(part.index, table, None if whole else (start, stop))
+    total = PartReport(part.index, part.offset + start, 0, worker=reports[0].worker)
+    for r in reports:
+        total.add(r)
+    return total
+
+
+def run_part(pipe: PartPipeline, part: Part, compute: Compute, steps: Steps,
+             report: Callable[[PartReport], None]) -> None:
+    """Rows ``part.start .. part.n`` of ``part`` in steps, handed to ``pipe``."""
+    pipe.begin(part)
+    a = part.start
+    while True:
+        b = a + steps.size(part.n - a)
+        t0 = time.perf_counter()
+        table, done = compute(a, b)
+        steps.record(b - a, time.perf_counter() - t0)
+        pipe.add(part, table, done)
+        for r in pipe.take():
+            report(r)
+        a = b
+        if a >= part.n:
+            break
+    pipe.end(part)
+
+
+def run_parts(out: PartWriter, commit_seconds: float, parts: Iterable[Part],
+              open_part: Callable[[Part], Compute], report: Callable[[PartReport], None],
+              first_step: int = FIRST_STEP) -> None:
+    """Every part of ``parts`` through one pipeline (see the module docstring). On an
+    error, the rows finished before it are still written (a rerun skips them)."""
+    pipe = PartPipeline(out, commit_seconds)
+    steps = Steps(commit_seconds, first_step)
+    try:
+        for part in parts:
+            run_part(pipe, part, open_part(part), steps, report)
+    except BaseException:
+        with suppress(BaseException):
+            pipe.close(raise_errors=False)
+        raise
+    for r in pipe.close():
+        report(r)
