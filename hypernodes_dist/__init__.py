@@ -22,6 +22,7 @@ from hypernodes_dist.nodes import (
     gate,
     node,
 )
+from hypernodes_dist.policies.usage import meter
 from hypernodes_dist.resources import resource
 from hypernodes_dist.results import GraphResult, MapResult, NodeExecution
 from hypernodes_dist.trace import TraceCollector
@@ -38,6 +39,7 @@ __all__ = [
     "END",
     "InterruptNode",
     "resource",
+    "meter",
     "Graph",
     "GraphEngine",
     "Engine",

@@ -18,6 +18,7 @@ __all__ = [
     "MaxIterationsError",
     "GateDecisionError",
     "BatchLengthError",
+    "BudgetExceededError",
     "NodeError",
     "EngineNotFoundError",
     "UnpicklableError",
@@ -124,6 +125,21 @@ class ResourceError(RuntimeError):
         except Exception:  # noqa: S110 - the message names the cause already
             pass
         return (type(self), (str(self), self.resource, self.worker), state)
+
+
+class BudgetExceededError(RuntimeError):
+    """A map's ``budget`` was reached: this item's call of ``node`` did not start (calls in
+    flight finished and were kept). Rerun with a larger budget to finish the rest; with a
+    cache or ``into=``, finished items are not paid again."""
+
+    def __init__(self, message: str, quantity: str = "", spent: float = 0.0,
+                 limit: float = 0.0, node: str = "") -> None:
+        super().__init__(message)
+        self.quantity, self.spent, self.limit, self.node = quantity, spent, limit, node
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.quantity, self.spent, self.limit, self.node),
+                self.__dict__)
 
 
 def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseException:

@@ -97,6 +97,7 @@ class NodeEndEvent(Event):
     parallel_index: int = 0
     started_at: float = 0.0
     worker: str = ""
+    usage: dict[str, float] = field(default_factory=dict)  # what the call metered
 
 
 @dataclass(kw_only=True)
@@ -194,6 +195,7 @@ class NodeColumns:
     starts: Sequence[float] | None
     ends: Sequence[float] | None
     outputs: dict[str, Sequence[Any]]
+    usage: Sequence[dict[str, float] | None] | None = None  # per execution: what it metered
 
 
 @dataclass(kw_only=True)
@@ -242,6 +244,7 @@ class BatchEvent(Event):
         session, prefix, offset, parent = self.session_id, self.run_id, self.offset, self.parent_run_id
         name, step, tags, items = part.node_id, part.step_index, part.tags, part.items
         starts, ends, durations = self.times(part) if times is None else times
+        usage = part.usage or ()
         for k in range(len(items)) if which is None else which:
             i, started = items[k], starts[k]
             index, outputs = offset + i, {o: col[i] for o, col in part.outputs.items()}
@@ -255,7 +258,7 @@ class BatchEvent(Event):
                 session_id=session, run_id=run_id, node_id=name, step_index=step, tags=tags,
                 item_index=index, parent_run_id=parent, timestamp=ends[k], outputs=outputs,
                 cached=part.cached, duration_ms=durations[k], started_at=started,
-                worker=self.worker)
+                worker=self.worker, usage=dict(usage[k] or {}) if usage else {})
 
     def times(self, part: NodeColumns) -> tuple[list[float], list[float], list[float]]:
         """``wall_times`` and ``durations`` of ``part``'s executions."""

@@ -249,6 +249,7 @@ class Graph:
         into: Any = None,
         overwrite: bool = False,
         commit_seconds: float | None = None,
+        budget: Mapping[str, float] | None = None,
     ) -> Any:
         """Run the graph once per item on the graph's engine.
 
@@ -262,41 +263,36 @@ class Graph:
                 broadcast values only).
             map_over: the input name, or list of names, to map over (not with ``source``).
             map_mode: ``"zip"`` (item i takes the i-th value of each ``map_over`` input;
-                unequal lengths raise ``ValueError`` naming each) or ``"product"`` (items in
-                ``itertools.product`` order).
-            session_id: the session of every item (default: a new ``sess_...`` id); it
-                scopes ``DiskCache(scope="session")``.
-            select: output names to return (default: every output); with a cache, a warm
-                map fetches only these.
+                unequal lengths raise ``ValueError`` naming each) or ``"product"``.
+            session_id: the session of every item (default: a new ``sess_...`` id).
+            select: output names to return (default: every output).
             on_error: ``"raise"`` (the first failure raises its original exception, noted
                 with the node and the item index) or ``"collect"`` (failed items come back
                 with ``status == "error"`` and ``.error``; the others are intact).
-            progress: show a progress bar (items done, cache hits, errors).
+            progress: show a progress bar (items done, cache hits, errors, metered totals).
             source: the rows of a table are the items instead: a Parquet file, directory,
                 glob or URI, a ``pyarrow`` Table/RecordBatchReader/Dataset, or a pandas,
                 Dask or Daft DataFrame. Each graph input reads the column of its name.
             columns: ``{graph input: source column}`` where the names differ.
             keep: source columns copied into every output row (with ``into``).
-            into: a directory (path or URI) to write the results to as Parquet files,
-                instead of returning them; rerunning into it recomputes only what has no
-                output file yet. See the README, "Datasets".
-            overwrite: with ``into``, replace results written there by another graph or
-                source (otherwise that raises ``ValueError`` saying what changed).
+            into: a directory (path or URI) to write the results to as Parquet files;
+                rerunning into it recomputes only what has no output file yet.
+            overwrite: with ``into``, replace results written there by another graph.
             commit_seconds: with ``into``, a row that finished more than this many seconds
                 ago is in a complete file there, even without a cache (default 30).
+            budget: ``{quantity: max}`` of what nodes ``meter``: once this map has metered
+                ``max``, no new call of a node metering it starts (``BudgetExceededError``).
 
         Returns:
-            a ``MapResult`` (a list of one ``GraphResult`` per item, in item order, with
-            ``.errors``, ``.to_arrow()``, ``.to_pandas()``), or with ``into`` a
-            ``DatasetResult`` (Parquet files written by the workers).
+            a ``MapResult`` (``GraphResult`` per item, in item order; ``.errors``,
+            ``.usage``, ``.to_arrow()``), or with ``into`` a ``DatasetResult``.
         """
         reject_interrupts(self.plan)  # also for dataset maps (source=, into=)
-        if source is not None and (map_over is not None or map_mode != "zip"):
-            raise ValueError(
-                "map() takes map_over/map_mode or source=, not both: with a source every row "
-                "is one item (rename columns with columns={input: column})")
-        if source is None and map_over is None:
-            raise ValueError("map() needs map_over (the inputs to map over) or source=")
+        _check_map_form(source, map_over, map_mode, columns, keep, into, overwrite,
+                        commit_seconds)
+        common: dict[str, Any] = dict(
+            session_id=session_id, select=select, on_error=on_error, progress=progress,
+            cache=self.cache, callbacks=self.callbacks, budget=budget)
         if into is not None or source is not None:
             # pyarrow (and pandas/dask/daft for their sources) load only for dataset maps
             from hypernodes_dist.datasets import read_columns, run_dataset
@@ -305,29 +301,28 @@ class Graph:
                 return run_dataset(
                     self.plan, self.engine, source=source, inputs=inputs, map_over=map_over,
                     map_mode=map_mode, columns=columns, keep=keep, into=into,
-                    overwrite=overwrite, session_id=session_id, select=select,
-                    on_error=on_error, progress=progress, cache=self.cache,
-                    callbacks=self.callbacks,
+                    overwrite=overwrite, **common,
                     **({} if commit_seconds is None else {"commit_seconds": commit_seconds}))
-            if keep:
-                raise ValueError("keep= copies source columns into the rows written with "
-                                 "into=; without into= the results are a MapResult")
             mapped, broadcast = read_columns(self.plan, source, inputs or {}, columns)
             inputs, map_over = {**broadcast, **mapped}, list(mapped)
-        elif columns is not None or keep or overwrite:
-            raise ValueError("columns=, keep= and overwrite= apply to source= / into= maps")
-        if commit_seconds is not None:
-            raise ValueError("commit_seconds= applies to maps that write into= a directory")
-        return run_map(
-            self.plan,
-            self.engine,
-            inputs,  # type: ignore[arg-type]  (None: a TypeError naming what to pass)
-            map_over,  # type: ignore[arg-type]
-            map_mode=map_mode,
-            session_id=session_id,
-            select=select,
-            on_error=on_error,
-            progress=progress,
-            cache=self.cache,
-            callbacks=self.callbacks,
-        )
+        # inputs/map_over None: run_map raises a TypeError naming what to pass
+        return run_map(self.plan, self.engine, inputs, map_over,  # type: ignore[arg-type]
+                       map_mode=map_mode, **common)
+
+
+def _check_map_form(source: Any, map_over: Any, map_mode: str, columns: Any, keep: Any,
+                    into: Any, overwrite: bool, commit_seconds: float | None) -> None:
+    """``ValueError`` for keywords of ``map`` that do not go together."""
+    if source is not None and (map_over is not None or map_mode != "zip"):
+        raise ValueError(
+            "map() takes map_over/map_mode or source=, not both: with a source every row "
+            "is one item (rename columns with columns={input: column})")
+    if source is None and map_over is None:
+        raise ValueError("map() needs map_over (the inputs to map over) or source=")
+    if into is None and keep:
+        raise ValueError("keep= copies source columns into the rows written with "
+                         "into=; without into= the results are a MapResult")
+    if into is None and source is None and (columns is not None or overwrite):
+        raise ValueError("columns=, keep= and overwrite= apply to source= / into= maps")
+    if into is None and commit_seconds is not None:
+        raise ValueError("commit_seconds= applies to maps that write into= a directory")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from hypernodes_dist.policies import make_policy
+from hypernodes_dist.policies.usage import may_meter, seen_metering
 
 __all__ = [
     "END",
@@ -109,6 +110,22 @@ class HyperNode:
         self.batch_size = _batch_size(name, batch_size, self.streaming)
         # a stream that yields nothing is the empty value of its kind ([], "", b"", {})
         self.empty: type = _stream_kind(func) if self.streaming and func is not None else list
+
+    @property
+    def meters(self) -> bool:
+        """Whether calls of this node may ``meter`` usage (its code names ``meter``, it has a
+        ``rate_limit`` on a metered quantity, or it was seen metering in this process)."""
+        found = self.__dict__.get("_meters")
+        if found is None:
+            quantities = self.policy is not None and bool(self.policy.quantities)
+            found = self._meters = quantities or (
+                self.code is not None and may_meter(self.code))
+        return found or seen_metering(self.name)
+
+    @property
+    def guarded(self) -> bool:
+        """Whether calls go through the guard (``execution/guard.py``): a policy or usage."""
+        return self.policy is not None or self.meters
 
     @property
     def targets(self) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ class NodeExecution:
     duration_ms: float = 0.0
     started_at: float = 0.0
     worker: str = ""
+    usage: dict[str, float] = field(default_factory=dict)  # what the execution metered
 
 
 class RowSource(Protocol):
@@ -178,10 +179,14 @@ class MapResult(list):
         *,
         columns: Callable[[], dict[str, list[Any]]] | None = None,
         session_id: str = "",
+        usage: dict[str, dict[str, float]] | None = None,
     ) -> None:
         super().__init__(results or [])
         self._columns = columns
         self.session_id = session_id
+        self.usage: dict[str, dict[str, float]] = usage or {}
+        """Per node: ``calls`` (executions that ran, cache hits excluded; a batch node's
+        function calls) and the sum of every quantity its calls ``meter``-ed."""
 
     @property
     def errors(self) -> list[GraphResult]:

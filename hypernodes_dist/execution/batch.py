@@ -81,7 +81,8 @@ async def _per_item(
         if settings.responses:
             state.responses.update(settings.responses)
         ctx = RunContext(settings.session_id, run_id, emit=emit, keys=keys, writes=writes,
-                         item_index=index, running=running, handlers=settings.handlers or {})
+                         item_index=index, running=running, handlers=settings.handlers or {},
+                         budget=settings.budget)
         t0 = time.perf_counter()
         if emit:
             emit(RunStartEvent(session_id=settings.session_id, run_id=run_id, item_index=index,

@@ -5,7 +5,7 @@ level (``Clock``) and handed to the cache in slices; async nodes run as one ``ga
 (at most ``settings.concurrency`` calls in flight). A node's ``Policy`` wraps its calls
 through a ``Guard``. ``ColumnCalls`` is mixed into ``Columnar``, whose state it reads:
 ``plan``, ``n``, ``values``, ``consts``, ``settings``, ``chunk``, ``events``, ``timing``,
-``times``. Without events a sync node's calls are timed in spans (one clock reading per
+``times``, ``guards``, ``usage``, ``calls``. Without events a sync node's calls are timed in spans (one clock reading per
 span); a node whose first calls are slow (``SLOW_CALL``) gets a per-call clock for the rest,
 so map items' history shows real times at no cost on trivial nodes.
 """
@@ -29,6 +29,7 @@ from hypernodes_dist.execution.guard import Guard, timed_call
 from hypernodes_dist.execution.invoke import join_chunks
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import MISSING
+from hypernodes_dist.policies.usage import NODE, Usage, add_usage, node_total
 
 __all__ = ["ColumnCalls", "Clock", "PERSIST_SLICE", "Persist"]
 
@@ -61,12 +62,39 @@ class ColumnCalls:
         return its
 
     async def _call(self, node: HyperNode, todo: Sequence[int], persist: Persist | None) -> list[Any]:
+        """``node``'s calls over ``todo``; what they ``meter`` is kept per item (``usage``)."""
         if not todo:
             return []
+        total = node_total(node.name)  # what unguarded calls meter (``policies/usage.py``)
+        token = NODE.set(total)
+        try:
+            return await self._call_column(node, todo, persist)
+        finally:
+            NODE.reset(token)
+            self._harvest(node, total)
+
+    def _harvest(self, node: HyperNode, total: Usage) -> None:
+        """Move what the node's guard metered per item (and the rest) into ``usage``."""
+        guard = self.guards.pop(node.name, None)
+        kept = self.usage.setdefault(node.name, {})
+        if guard is not None:
+            offset = self.chunk.offset
+            for item, usage in guard.usage.items():
+                kept[-1 if item is None else item - offset] = usage
+            guard.usage = {}
+            if node.batch_size is not None:
+                self.calls[node.name] = self.calls.get(node.name, 0) + guard.calls
+        if len(total) > 1:  # metered outside a guarded call: the node's, not an item's
+            add_usage(kept.setdefault(-1, {}), total)
+        if not kept:
+            del self.usage[node.name]
+
+    async def _call_column(self, node: HyperNode, todo: Sequence[int],
+                           persist: Persist | None) -> list[Any]:
         if node.batch_size is not None:
             return await self._call_batches(node, todo, persist)
         fn = _positional(node)
-        guard = self._guard(node) if node.policy is not None else None  # policies.py
+        guard = self._guard(node) if node.guarded else None  # policies.py
         if node.is_async or (node.streaming and not node.is_generator):
             return await self._call_async(node, todo, guard, persist)
         if guard is not None:
@@ -112,7 +140,7 @@ class ColumnCalls:
                             persist: Persist | None) -> list[Any]:
         """A batch node's calls over ``todo`` (``batching.py``); failures recorded per item,
         results handed to the cache after each call."""
-        guard = self._guard(node) if node.policy is not None else None
+        guard = self._guard(node) if node.guarded else None
         n = len(todo)
         out: list[Any] = [MISSING] * n
         clock = Clock()
@@ -244,7 +272,8 @@ class ColumnCalls:
                 event.step_index = self.plan.position[node.name]
                 events.append(event)
 
-        return Guard(node, report)
+        guard = self.guards[node.name] = Guard(node, report, self.settings.budget)
+        return guard
 
 
 def _has_error(values: list[Any]) -> bool:

@@ -23,11 +23,13 @@ from hypernodes_dist.events import BatchEvent, Event, NodeColumns, NodeErrorEven
 from hypernodes_dist.execution.cacheview import CacheView
 from hypernodes_dist.execution.calls import Clock, ColumnCalls, Persist
 from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.execution.guard import Guard
 from hypernodes_dist.execution.invoke import split_outputs
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
 from hypernodes_dist.execution.scheduler import decision_target
 from hypernodes_dist.nodes import END, HyperNode
 from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.policies.usage import Usage
 
 __all__ = ["Columnar"]
 
@@ -85,6 +87,9 @@ class Columnar(ColumnCalls):
         self.timing: dict[str, tuple[Sequence[int], Clock]] = {}  # node -> (positions, times)
         # node -> (positions, spans [first, last, start, end, Clock | None]): history times
         self.times: dict[str, tuple[Sequence[int], list[list[Any]]]] = {}
+        self.guards: dict[str, Guard] = {}  # the guards of the nodes being called
+        self.usage: dict[str, dict[int, Usage]] = {}  # node -> item -> what it metered
+        self.calls: dict[str, int] = {}  # batch nodes: calls made (others: items that ran)
         self.wanted = set(settings.select or plan.outputs)
         self.need: dict[str, Sequence[int]] | None = None  # set by the demand pass
         self.looked_up: set[str] = set()  # nodes whose hits the demand pass fetched
@@ -385,7 +390,13 @@ class Columnar(ColumnCalls):
                 ends = [ends[where[i]] for i in items]
         self.events.append(NodeColumns(
             node.name, self.plan.position[node.name], node.tags, node.kind, code == HIT, items,
-            starts, ends, {o: self.values[o] for o in node.outputs}))
+            starts, ends, {o: self.values[o] for o in node.outputs},
+            self._usage_of(node.name, items) if code == RAN else None))
+
+    def _usage_of(self, name: str, items: Sequence[int]) -> list[Usage | None] | None:
+        """What each of ``items`` metered in its call of ``name`` (``None``: nothing)."""
+        kept = self.usage.get(name)
+        return None if not kept else [kept.get(i) for i in items]
 
     def _result(self) -> BatchResult:
         wanted = self.settings.select or self.plan.outputs
@@ -407,6 +418,7 @@ class Columnar(ColumnCalls):
             times[name] = (positions, [[0, len(positions), 0.0, 0.0, clock]])
         result.times, result.clock, result.started = times, self.clock, self.started
         result.node_outputs = {node.name: node.outputs for node in self.plan.nodes}
+        result.usage, result.calls = self.usage, self.calls
         if self.settings.want_events:
             result.events = [self._batch_event()]
         return result

@@ -36,6 +36,7 @@ from hypernodes_dist.execution.invoke import split_outputs
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.policies.usage import NODE, node_total
 
 __all__ = ["ItemFlow", "drive"]
 
@@ -48,7 +49,10 @@ class ItemFlow(Columnar):
     ) -> None:
         super().__init__(plan, chunk, settings, writes)
         self.pending = chunk.n  # items not finished yet
-        self.guards = {n.name: self._guard(n) for n in plan.nodes if n.policy is not None}
+        for node in plan.nodes:  # one guard per node for the whole batch
+            if node.guarded:
+                self._guard(node)
+        self.totals = {n.name: node_total(n.name) for n in plan.nodes}  # unguarded metering
         self.prefetched: dict[str, dict[int, Any]] = {}
         self.ran: dict[str, tuple[list[int], array[float], array[float]]] = {}
         self.hit_items: dict[str, list[int]] = {}
@@ -131,6 +135,7 @@ class ItemFlow(Columnar):
         if node.nests:  # inner runs are children of the item's run (events, cache, session)
             nested = PARENT.set(self._parent(i))
         t1 = None
+        metered = NODE.set(self.totals[node.name])
         try:
             if node.batch_size is not None:  # the item joins a shared call (batching.py)
                 value, t0, t1 = await fill(node, kwargs, guard, self.chunk.offset + i, key,
@@ -141,6 +146,7 @@ class ItemFlow(Columnar):
             self._record_failure(node, i, exc)
             return
         finally:
+            NODE.reset(metered)
             if nested is not None:
                 PARENT.reset(nested)
         self.last = (t0, t1 or time.perf_counter())
@@ -260,6 +266,8 @@ class ItemFlow(Columnar):
         if self.settings.want_events:
             for node in self.plan.nodes:
                 self._columns_of(node)
+        for node in self.plan.nodes:  # what the calls metered, per item
+            self._harvest(node, self.totals[node.name])
         for name, (positions, starts, ends) in self.ran.items():  # the items' history
             clock = Clock()
             clock.starts, clock.ends = starts, ends
@@ -274,10 +282,11 @@ class ItemFlow(Columnar):
         ran = self.ran.get(name)
         if ran is not None:
             order = sorted(range(len(ran[0])), key=ran[0].__getitem__)
+            items = [ran[0][k] for k in order]
             self.events.append(NodeColumns(
-                name, step, node.tags, node.kind, False, [ran[0][k] for k in order],
+                name, step, node.tags, node.kind, False, items,
                 array("d", (ran[1][k] for k in order)), array("d", (ran[2][k] for k in order)),
-                outputs))
+                outputs, self._usage_of(name, items)))
         hits = self.hit_items.get(name)
         if hits:
             self.events.append(NodeColumns(name, step, node.tags, node.kind, True, sorted(hits),

@@ -23,6 +23,14 @@ until then (so "at most N executions overlap" stays true). The error is a
 Timing: ``Attempts`` (optional, given by the caller) receives the start and end of the
 successful attempt and the seconds spent waiting (slot, rate limit, back-off), so a
 node's ``duration_ms`` is its running time; each wait is a ``PolicyEvent``.
+
+Usage (``policies/usage.py``): a node that may ``meter`` is guarded even without a policy.
+One ``Metering`` spans all attempts of an execution (a paid failed attempt counts); the
+guard keeps each item's usage (``usage``) and counts ``calls``. Before an attempt starts:
+the node's Retry-After hold-off, the map's ``Budget``, then each quantity rate limit
+reserves what the call is expected to meter (``Estimate``), corrected by what it metered.
+A retried error carrying ``Retry-After`` waits at least that long and holds off every new
+call of the node meanwhile (``policies/retryafter.py``).
 """
 
 from __future__ import annotations
@@ -34,12 +42,23 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.events import PolicyEvent
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.limits import limiter
+from hypernodes_dist.policies.retryafter import HoldOff, retry_after
 from hypernodes_dist.policies.spec import NodeTimeoutError, Policy, backoff_delay
 from hypernodes_dist.policies.stats import record
+from hypernodes_dist.policies.usage import (
+    CALL,
+    Metering,
+    Usage,
+    estimate,
+    observed,
+    quantities_of,
+)
 
 __all__ = ["Guard", "Attempts", "WINDOW", "guarded_call", "awaits"]
 
@@ -55,11 +74,12 @@ class Attempts:
     """What the guard measured for one call: the successful attempt's ``start``/``end``
     (``perf_counter``) and ``waited`` seconds (slot, rate limit, back-off)."""
 
-    __slots__ = ("start", "end", "waited")
+    __slots__ = ("start", "end", "waited", "usage")
 
     def __init__(self) -> None:
         self.start = self.end = 0.0
         self.waited = 0.0
+        self.usage: Usage | None = None  # what the execution metered (metering nodes)
 
 
 def _describe(exc: BaseException) -> str:
@@ -86,13 +106,21 @@ class Guard:
     """Applies one node's policy to its calls. ``report(event)`` receives each
     ``PolicyEvent`` (the caller fills in the run ids)."""
 
-    def __init__(self, node: Any, report: Report | None = None) -> None:
+    def __init__(self, node: Any, report: Report | None = None,
+                 budget: Budget | None = None) -> None:
         self.node = node
-        self.policy: Policy = node.policy
+        self.policy: Policy = node.policy or Policy(node.name)
         self.report = report
         p = self.policy
         self.slots = limiter("slots", p.node, p.concurrency) if p.concurrency else None
         self.rate = limiter("rate", p.node, *p.rate) if p.rate else None
+        self.amounts = [(q, limiter("amounts", f"{p.node}:{q.quantity}", q.count, q.per))
+                        for q in p.quantities]
+        self.meters = bool(node.meters)
+        self.budget = budget if self.meters else None
+        self.holdoff = HoldOff(p.node)
+        self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
+        self.calls = 0  # executions started (not attempts)
 
     # -- events ------------------------------------------------------------------------
     def _event(self, kind: str, item: int | None, attempt: int, wait: float, reason: str) -> None:
@@ -111,7 +139,9 @@ class Guard:
     def _retry(self, exc: Exception, item: int | None, attempt: int) -> float:
         """The back-off before the next attempt; raises ``exc`` when it is not retried."""
         p = self.policy
-        if attempt > p.retries or not p.retryable(exc):
+        if attempt > p.retries or not p.retryable(exc) or isinstance(exc, BudgetExceededError):
+            if not isinstance(exc, BudgetExceededError):
+                self._told_to_wait(exc, item, attempt)  # a final 429 still holds the others off
             exc.hn_attempts = attempt  # type: ignore[attr-defined]
             if attempt > 1:
                 try:
@@ -121,8 +151,19 @@ class Guard:
                     pass
             raise exc
         wait = backoff_delay(p.backoff, attempt)
-        self._event("retry", item, attempt, wait, _describe(exc))
-        return wait
+        told = self._told_to_wait(exc, item, attempt)
+        self._event("retry", item, attempt, max(wait, told), _describe(exc))
+        return max(wait, told)
+
+    def _told_to_wait(self, exc: BaseException, item: int | None, attempt: int) -> float:
+        """The provider's Retry-After in ``exc`` (0.0: none), now a hold-off of the node."""
+        told = retry_after(exc)
+        if not told:
+            return 0.0
+        self.holdoff.extend(told)
+        self._event("hold_off", item, attempt, told,
+                    f"Retry-After {told:g} s: no new call of {self.policy.node!r} meanwhile")
+        return told
 
     # -- one guarded call ------------------------------------------------------------------
     async def run(self, call: Call, item: int | None = None, blocking: bool = False,
@@ -133,6 +174,26 @@ class Guard:
         ``failed``: the error of a first attempt the caller already made.
         """
         timing = timing or Attempts()
+        self.calls += 1
+        if not self.meters:
+            return await self._attempts(call, item, blocking, failed, timing)
+        metering = Metering()
+        try:
+            with metering:
+                return await self._attempts(call, item, blocking, failed, timing)
+        finally:
+            self._metered(item, metering.usage, timing)
+
+    def _metered(self, item: int | None, usage: Usage, timing: Attempts) -> None:
+        timing.usage = usage
+        if usage:
+            self.usage[item] = usage
+            observed(self.policy.node, usage)
+            if self.budget is not None:
+                self.budget.spend(usage)
+
+    async def _attempts(self, call: Call, item: int | None, blocking: bool,
+                        failed: Exception | None, timing: Attempts) -> Any:
         attempt, error = (1, failed) if failed is not None else (0, None)
         while True:
             if error is not None:
@@ -148,7 +209,8 @@ class Guard:
 
     async def _attempt(self, call: Call, item: int | None, attempt: int, blocking: bool,
                        timing: Attempts) -> Any:
-        """Concurrency slot -> rate-limit turn -> the call."""
+        """Hold-off, budget -> concurrency slot -> rate-limit turns -> the call."""
+        await self._before(item, attempt, blocking, timing)
         p, slots = self.policy, self.slots
         if slots is not None:
             waited = await slots.acquire(blocking)
@@ -163,19 +225,60 @@ class Guard:
                     timing.waited += wait
                     self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
                     await _sleep(wait, blocking)
-            timing.start = time.perf_counter()
-            if p.timeout is None:
-                value = await call()
-            elif blocking or not awaits(self.node):  # sync: a thread, abandoned on timeout
-                held = None  # the helper thread releases the slot when the call really ends
-                value = self._in_thread(call, item, attempt, slots)
-            else:
-                value = await self._under_timeout(call, item, attempt)
-            timing.end = time.perf_counter()
-            return value
+            reserved = await self._reserve_amounts(item, attempt, blocking, timing)
+            try:
+                timing.start = time.perf_counter()
+                if p.timeout is None:
+                    value = await call()
+                elif blocking or not awaits(self.node):  # sync: a thread, abandoned on timeout
+                    held = None  # the helper thread releases the slot when the call really ends
+                    value = self._in_thread(call, item, attempt, slots)
+                else:
+                    value = await self._under_timeout(call, item, attempt)
+                timing.end = time.perf_counter()
+                return value
+            finally:
+                self._correct_amounts(reserved)
         finally:
             if held is not None:
                 held.release()
+
+    async def _before(self, item: int | None, attempt: int, blocking: bool,
+                      timing: Attempts) -> None:
+        """Wait out the node's Retry-After hold-off; stop here once the budget is spent."""
+        while True:
+            wait = self.holdoff.until() - time.time()
+            if wait <= 0:
+                break
+            timing.waited += wait
+            self._event("throttle", item, attempt, wait, "Retry-After hold-off")
+            await _sleep(wait, blocking)
+        if self.budget is not None:
+            self.budget.check(self.policy.node, quantities_of(self.policy.node), item)
+
+    async def _reserve_amounts(self, item: int | None, attempt: int, blocking: bool,
+                               timing: Attempts) -> list[tuple[Any, float, float]]:
+        """Reserve what this attempt is expected to meter of each limited quantity:
+        ``[(rate, expected, metered before)]`` for ``_correct_amounts``."""
+        reserved = []
+        usage = _current_usage()
+        for q, rate in self.amounts:
+            expected = estimate(self.policy.node, q.quantity)
+            wait = rate.reserve(expected) - time.time()
+            reserved.append((rate, expected, usage.get(q.quantity, 0.0), q.quantity))
+            if wait > 0:
+                timing.waited += wait
+                self._event("throttle", item, attempt, wait, f"rate_limit {q.text}")
+                await _sleep(wait, blocking)
+        return reserved
+
+    def _correct_amounts(self, reserved: list[Any]) -> None:
+        """Give back (or take) the difference between what was reserved and metered."""
+        usage = _current_usage()
+        for rate, expected, before, quantity in reserved:
+            delta = usage.get(quantity, 0.0) - before - expected
+            if delta:
+                rate.reserve(delta)
 
     async def _under_timeout(self, call: Call, item: int | None, attempt: int) -> Any:
         timeout = self.policy.timeout
@@ -239,9 +342,14 @@ class Guard:
                 starts[item] = timing.start
             return value
 
-        if p.timeout is None and self.slots is None and self.rate is None:
+        plain = not (p.timeout or self.slots or self.rate or self.amounts or self.meters)
+        if plain:
+            holdoff = self.holdoff
+
             def retried(*args: Any) -> Any:  # retries only: the first attempt is a plain call
                 item = nxt()
+                if holdoff.until() > time.time():  # a Retry-After: through the guard
+                    return slow(item, args, None)
                 try:
                     return fn(*args)
                 except Exception as exc:
@@ -268,6 +376,10 @@ async def timed_call(node: Any, kwargs: dict[str, Any], guard: Guard | None,
     return value, timing.start
 
 
+def _current_usage() -> Usage:
+    return CALL.get() or {}
+
+
 def awaits(node: Any) -> bool:
     """Whether calling ``node`` may suspend (async functions, async/lazy streams)."""
     return bool(node.is_async or (node.streaming and not node.is_generator))
@@ -275,14 +387,14 @@ def awaits(node: Any) -> bool:
 
 async def guarded_call(node: Any, kwargs: dict[str, Any], on_chunk: Any, ctx: Any,
                        base: dict[str, Any], timing: Attempts | None = None) -> Any:
-    """The scheduler's call of a policy node (``run``/``iter``/per-item ``map``).
+    """The scheduler's call of a guarded node (``run``/``iter``/per-item ``map``).
 
     ``ctx`` is the run's ``RunContext``; ``base`` the event fields of this execution.
     """
     emit = ctx.emit
     item = ctx.item_index
     if awaits(node) or not ctx.parallel:  # a sync graph without a loop: blocking waits
-        guard = Guard(node, _reporter(emit, base, None))
+        guard = Guard(node, _reporter(emit, base, None), ctx.budget)
         return await guard.run(lambda: call_node(node, kwargs, on_chunk), item,
                                blocking=not awaits(node), timing=timing)
     loop = asyncio.get_running_loop()  # parallel waves: keep the loop free, like _in_thread
@@ -291,7 +403,7 @@ async def guarded_call(node: Any, kwargs: dict[str, Any], on_chunk: Any, ctx: An
         def relay(chunk: Any, index: int) -> None:
             loop.call_soon_threadsafe(on_chunk, chunk, index)
 
-    guard = Guard(node, _reporter(emit, base, loop))
+    guard = Guard(node, _reporter(emit, base, loop), ctx.budget)
     return await asyncio.to_thread(
         guard.call, lambda: run_sync(call_node(node, kwargs, relay), needs_loop=False), item,
         None, timing,

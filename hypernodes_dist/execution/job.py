@@ -13,6 +13,8 @@ from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.events import Event
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.policies.budget import Budget
+from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.results import NodeExecution
 
 __all__ = ["MapJob", "Chunk", "BatchSettings", "BatchResult", "Sink", "NOT_RUN", "RAN", "HIT"]
@@ -34,6 +36,7 @@ class BatchSettings:
     # a nested graph's run (Graph.as_node): interrupt answers, by interrupt name
     responses: dict[str, Any] | None = None
     handlers: dict[str, Callable[[Any], Any]] | None = None
+    budget: Budget | None = None  # map(budget=...): metered calls stop once it is spent
 
     def run_id(self, index: int) -> str:
         return f"{self.run_prefix}{index}"
@@ -78,6 +81,31 @@ class BatchResult:
     node_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # per item: items paused at an interrupt -> (interrupt name, its value)
     paused: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    # node -> local item (-1: the node's calls together) -> what it metered
+    usage: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # batch nodes: function calls made
+
+    def usage_totals(self) -> dict[str, dict[str, float]]:
+        """Per node: ``calls`` (executions that ran; batch nodes: function calls) and the sum
+        of every metered quantity (``MapResult.usage``)."""
+        totals: dict[str, dict[str, float]] = {}
+        if self.histories is not None:
+            for history in self.histories:
+                for ex in history:
+                    if not ex.cached:
+                        total = totals.setdefault(ex.node_id, {"calls": 0})
+                        total["calls"] += 1
+                        add_usage(total, ex.usage)
+            return totals
+        for name, codes in self.codes.items():
+            ran = self.calls.get(name, codes.count(RAN))
+            if ran:
+                totals[name] = {"calls": ran}
+        for name, per_item in self.usage.items():
+            total = totals.setdefault(name, {"calls": 0})
+            for usage in per_item.values():
+                add_usage(total, usage)
+        return totals
 
     def run_id_of(self, i: int) -> str:
         return f"{self.run_prefix}{self.offset + i}"
@@ -93,9 +121,10 @@ class BatchResult:
             started, duration = (self.started, 0.0) if hit else self._time_of(name, i)
             outputs = {o: self.outputs[o][i] for o in self.node_outputs.get(name, ())
                        if o in self.outputs and self.outputs[o][i] is not MISSING}
+            usage = {} if hit else self.usage.get(name, {}).get(i) or {}
             history.append(NodeExecution(name, step, outputs=outputs, cached=hit,
                                          duration_ms=duration, started_at=started,
-                                         worker=self.worker))
+                                         worker=self.worker, usage=usage))
         return history
 
     def _time_of(self, name: str, i: int) -> tuple[float, float]:

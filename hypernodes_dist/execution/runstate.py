@@ -104,3 +104,4 @@ class RunContext:
     state_events: bool = False
     on_step: Callable[[], Any] | None = None
     pause_checkpoint_id: str | None = None
+    budget: Any = None  # map items: the map's ``Budget`` (``policies/budget.py``)

@@ -47,6 +47,7 @@ from hypernodes_dist.execution.statesync import delta_ops
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.nodes import END, HyperNode
 from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.policies.usage import Metering
 from hypernodes_dist.results import NodeExecution
 
 __all__ = ["Scheduler", "decision_target", "validate_response"]
@@ -170,7 +171,7 @@ class Scheduler:
             state.activations[name] -= 1
         started = time.time()
         t0 = time.perf_counter()
-        timing = Attempts() if node.policy is not None else None
+        timing = Attempts()
         try:
             key = self._key(node)
             value = MISSING if key is None else await self._cached(name, key)
@@ -190,18 +191,19 @@ class Scheduler:
                 self._emit_error(node, step, exc, t0, started, iteration)
             raise
         del state.inflight[name]
-        if timing is not None and timing.start:  # the successful attempt: waits not counted
+        if timing.start:  # the successful attempt: waits not counted
             started, t0 = started + (timing.start - t0), timing.start
         duration = (time.perf_counter() - t0) * 1000
+        usage = timing.usage or {}
         state.history.append(
             NodeExecution(name, step, iteration, parallel_index, key or "", outputs, cached,
-                          duration, started, worker_id())
+                          duration, started, worker_id(), usage)
         )
         if self.ctx.emit is not None:
             self.ctx.emit(NodeEndEvent(
                 **self._base(node, step), outputs=outputs, duration_ms=duration, cached=cached,
                 iteration=iteration, parallel_index=parallel_index, started_at=started,
-                worker=worker_id(),
+                worker=worker_id(), usage=dict(usage),
             ))
 
     async def _cached(self, name: str, key: str) -> Any:
@@ -258,17 +260,22 @@ class Scheduler:
                 ))
 
         nested = PARENT.set(self._parent()) if node.nests else None
+        metering = Metering()  # what the call meters (a guard meters its own attempts)
         try:
-            if node.policy is not None:  # retries, timeout, limits: policies.py
+            if node.guarded:  # retries, timeout, limits, usage: policies/
                 value = await guarded_call(node, kwargs, on_chunk, self.ctx, self._base(node, step),
                                            timing)
-            elif self.ctx.parallel and not node.is_async:
-                value = await self._in_thread(node, kwargs, on_chunk)
             else:
-                value = await call_node(node, kwargs, on_chunk)
+                with metering:
+                    if self.ctx.parallel and not node.is_async:
+                        value = await self._in_thread(node, kwargs, on_chunk)
+                    else:
+                        value = await call_node(node, kwargs, on_chunk)
         finally:
             if nested is not None:
                 PARENT.reset(nested)
+            if timing is not None and metering.usage:
+                timing.usage = metering.usage
         if node.streaming and emit is not None:
             emit(StreamingEndEvent(
                 **self._base(node, step), output_name=node.outputs[0] if node.outputs else "",

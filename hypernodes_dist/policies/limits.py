@@ -262,7 +262,9 @@ def register_backend(probe: Callable[[], Any]) -> None:
     with ``try_take() -> bool``, blocking ``take()`` and ``give()``; with ``remote = True``,
     ``take(timeout) -> bool``) and
     ``rate(key, count, per)`` (``interval`` seconds and ``reserve(k) -> first start``, the
-    wall-clock time of the first of ``k`` starts spaced ``interval`` apart).
+    wall-clock time of the first of ``k`` starts spaced ``interval`` apart; ``k`` may be a
+    fractional or negative amount) and ``shared(key)`` (a small JSON value: ``get()``,
+    ``update(change) -> new value`` atomic across the processes it serves, ``remove()``).
     """
     if probe not in _PROBES:
         _PROBES.append(probe)
@@ -281,8 +283,9 @@ def backend() -> Any:
 
 
 def limiter(kind: str, key: str, *spec: Any) -> Any:
-    """This process's ``Slots`` (kind ``"slots"``, spec ``n``) or ``Rate`` (``"rate"``,
-    spec ``count, per``) of one limit, made once per backend."""
+    """This process's ``Slots`` (kind ``"slots"``, spec ``n``), ``Rate`` (``"rate"``, spec
+    ``count, per``), the backend's rate itself for amounts (``"amounts"``, spec ``count,
+    per``) or a shared value (``"shared"``) of one key, made once per backend."""
     where = backend()
     cache_key = (where.name, where.directory, kind, key, *spec)
     found = _LIMITERS.get(cache_key)
@@ -290,12 +293,20 @@ def limiter(kind: str, key: str, *spec: Any) -> Any:
         with _LIMITERS_LOCK:
             found = _LIMITERS.get(cache_key)
             if found is None:
-                if kind == "slots":
-                    found = Slots(where.semaphore(key, *spec))
-                else:
-                    found = Rate(where.rate(key, *spec))
+                found = _make(where, kind, key, spec)
                 _LIMITERS[cache_key] = found
     return found
+
+
+def _make(where: Any, kind: str, key: str, spec: tuple[Any, ...]) -> Any:
+    if kind == "slots":
+        return Slots(where.semaphore(key, *spec))
+    if kind == "rate":
+        return Rate(where.rate(key, *spec))
+    if kind == "amounts":
+        return where.rate(key, *spec)
+    shared = getattr(where, "shared", None)  # a backend without shared values: this machine's
+    return shared(key) if shared is not None else MachineLimits().shared(key)
 
 
 def settle() -> None:

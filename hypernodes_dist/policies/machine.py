@@ -11,7 +11,10 @@ once) shares the limits without anything shipped to it:
   process that opens it in between simply waits for the capacity (no initialisation race).
 - ``rate_limit`` of R per S seconds is a GCRA reservation in one ``flock``-protected file:
   a reservation of ``k`` starts takes the next free start time and moves it ``k*S/R``
-  seconds on (blocking ``flock``: the kernel wakes the next process).
+  seconds on (blocking ``flock``: the kernel wakes the next process). A metered quantity's
+  rate is the same file, reserved by amounts (a negative amount gives time back).
+- A map's budget totals and a node's Retry-After hold-off are small JSON values, each in one
+  ``flock``-protected file (``FileValue``).
 
 Semaphores outlive their processes (like the lock files); ``remove_semaphores(directory)``
 deletes those created for one limits directory (tests use it to clean up).
@@ -24,14 +27,17 @@ import ctypes.util
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["limits_dir", "MachineLimits", "KernelSemaphore", "FileRate", "remove_semaphores"]
+__all__ = ["limits_dir", "MachineLimits", "KernelSemaphore", "FileRate", "FileValue",
+           "remove_semaphores"]
 
 IPC_CREAT, IPC_EXCL, IPC_NOWAIT, IPC_RMID = 0o1000, 0o2000, 0o4000, 0
 SEM_UNDO = 0x1000
@@ -174,7 +180,7 @@ class FileRate:
         self.fd = _Fd(os.path.join(directory, f"{_file_key(key)}.r{count:g}-{per:g}.rate"))
         self.local = threading.Lock()
 
-    def reserve(self, k: int = 1) -> float:
+    def reserve(self, k: float = 1) -> float:
         with self.local:
             fd = self.fd.get()
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -194,6 +200,52 @@ class FileRate:
         return start
 
 
+class FileValue:
+    """A small JSON value shared by every process of the machine: one ``flock``'d file."""
+
+    def __init__(self, directory: str, key: str) -> None:
+        self.path = os.path.join(directory, f"{_file_key(key)}.json")
+        self.fd = _Fd(self.path)
+        self.local = threading.Lock()
+
+    def _read(self, fd: int) -> Any:
+        raw = os.pread(fd, 1 << 16, 0).rstrip(b"\0 ")
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:  # torn by a killed writer: start over
+            return None
+
+    def get(self) -> Any:
+        """The value (``None`` before the first update)."""
+        with self.local:
+            fd = self.fd.get()
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                return self._read(fd)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def update(self, change: Callable[[Any], Any]) -> Any:
+        """Replace the value by ``change(value)`` atomically across processes; return it."""
+        with self.local:
+            fd = self.fd.get()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                value = change(self._read(fd))
+                data = json.dumps(value).encode()
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+                return value
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def remove(self) -> None:
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
 class MachineLimits:
     """The default backend: one machine, every process of it."""
 
@@ -207,3 +259,6 @@ class MachineLimits:
 
     def rate(self, key: str, count: float, per: float) -> FileRate:
         return FileRate(self.directory, key, count, per)
+
+    def shared(self, key: str) -> FileValue:
+        return FileValue(self.directory, key)

@@ -1,7 +1,9 @@
 """What a node's policy keywords mean: validation, the ``Policy`` value, backoff delays.
 
 ``@node(retries=2, backoff="exponential", retry_on=ConnectionError, timeout=30,
-concurrency=4, rate_limit="100/minute")`` builds a ``Policy`` (``node.policy``; ``None``
+concurrency=4, rate_limit="100/minute")`` builds a ``Policy``. ``rate_limit`` may also be a
+dict ``{quantity: "N/window"}``: ``"calls"`` limits call starts, any other quantity what calls
+``meter`` (``policies.usage``) (``node.policy``; ``None``
 when no keyword that acts is set, and then executors call the function exactly as
 before). Bad values fail when the node is decorated, naming the node and what to write.
 """
@@ -20,7 +22,9 @@ __all__ = [
     "exponential",
     "make_policy",
     "parse_rate_limit",
+    "parse_rate_limits",
     "parse_retry_on",
+    "QuantityRate",
     "backoff_delay",
 ]
 
@@ -62,6 +66,19 @@ def exponential(base: float = 0.5, cap: float = 30.0, jitter: bool = True) -> Ex
 
 
 @dataclass(frozen=True)
+class QuantityRate:
+    """``rate_limit={quantity: "count/per"}`` for a metered quantity (not ``"calls"``)."""
+
+    quantity: str
+    count: float
+    per: float
+
+    @property
+    def text(self) -> str:
+        return f"{self.quantity}: {self.count:g}/{self.per:g}s"
+
+
+@dataclass(frozen=True)
 class Policy:
     """What a node's keywords ask for; picklable (it travels with the plan)."""
 
@@ -72,6 +89,7 @@ class Policy:
     concurrency: int | None = None
     rate: tuple[float, float] | None = None  # (count, per seconds)
     retry_on: tuple[type[BaseException], ...] = (Exception,)  # the errors worth retrying
+    quantities: tuple[QuantityRate, ...] = ()  # rate limits on metered quantities
 
     def retryable(self, exc: BaseException) -> bool:
         """Whether a failed attempt with ``exc`` may be retried (attempts left aside)."""
@@ -80,7 +98,8 @@ class Policy:
     @property
     def waits(self) -> bool:
         """Whether a call may wait (back-off, a limit, a timeout), not just re-run."""
-        return bool(self.backoff or self.timeout or self.concurrency or self.rate)
+        return bool(self.backoff or self.timeout or self.concurrency or self.rate
+                    or self.quantities)
 
     @property
     def rate_text(self) -> str:
@@ -122,6 +141,28 @@ def parse_rate_limit(value: Any, node: str = "?") -> tuple[float, float]:
     return count, per
 
 
+def parse_rate_limits(value: Any, node: str = "?"
+                      ) -> tuple[tuple[float, float] | None, tuple[QuantityRate, ...]]:
+    """``rate_limit`` -> ``(calls rate or None, quantity rates)``: a string or tuple limits
+    calls; a dict maps ``"calls"`` or a metered quantity to one of those."""
+    if not isinstance(value, dict):
+        return parse_rate_limit(value, node), ()
+    if not value:
+        raise ValueError(f"node {node!r}: rate_limit={{}} limits nothing; give "
+                         '{"calls": "500/minute", "tokens": "200000/minute"} or leave it out')
+    calls, quantities = None, []
+    for quantity, spec in value.items():
+        if not isinstance(quantity, str) or not quantity.isidentifier():
+            raise ValueError(f"node {node!r}: rate_limit keys are quantity names ('calls' or "
+                             f"what the node meters, e.g. 'tokens'), got {quantity!r}")
+        count, per = parse_rate_limit(spec, node)
+        if quantity == "calls":
+            calls = (count, per)
+        else:
+            quantities.append(QuantityRate(quantity, count, per))
+    return calls, tuple(quantities)
+
+
 def parse_retry_on(value: Any, node: str = "?") -> tuple[type[BaseException], ...]:
     """``retry_on``: an exception class or a tuple of them -> a tuple of classes."""
     classes = value if isinstance(value, tuple) else (value,)
@@ -154,11 +195,11 @@ def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any =
         not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
     ):
         raise ValueError(f"node {node!r}: concurrency must be an int >= 1, got {concurrency!r}")
-    rate = parse_rate_limit(rate_limit, node) if rate_limit is not None else None
-    if not retries and timeout is None and concurrency is None and rate is None:
+    rate, quantities = parse_rate_limits(rate_limit, node) if rate_limit is not None else (None, ())
+    if not retries and timeout is None and concurrency is None and rate is None and not quantities:
         return None
     return Policy(node, retries, backoff, float(timeout) if timeout is not None else None,
-                  concurrency, rate, retry_classes)
+                  concurrency, rate, retry_classes, quantities)
 
 
 def backoff_delay(backoff: Any, attempt: int) -> float:

@@ -10,6 +10,8 @@ from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.policies.budget import check_budget
+from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.results import GraphResult, MapResult
 from hypernodes_dist.run.progress import Tally
 
@@ -29,17 +31,20 @@ def run_map(
     progress: bool = False,
     cache: Cache | None = None,
     callbacks: Sequence[Any] = (),
+    budget: Mapping[str, float] | None = None,
 ) -> MapResult:
     """Run every item of a map on ``engine``; results in item order."""
     reject_interrupts(plan)
     columns, broadcast, n = expand(plan, inputs, map_over, map_mode)
+    run_prefix = new_run_id() + "-"
     settings = BatchSettings(
         session_id=session_id or new_session_id(),
-        run_prefix=new_run_id() + "-",
+        run_prefix=run_prefix,
         select=check_select(plan, select),
         on_error=check_on_error(on_error),
         cache=cache,
         want_events=bool(callbacks),
+        budget=check_budget(budget, run_prefix),
     )
     if n == 0:
         return MapResult([], session_id=settings.session_id)
@@ -52,6 +57,8 @@ def run_map(
         engine.execute_map(job, collector.accept)
     finally:
         collector.close()
+        if settings.budget is not None:
+            settings.budget.close()
     return collector.result()
 
 
@@ -75,9 +82,12 @@ class MapCollector(Tally):
         super().__init__(callbacks, progress, job.n, f"map [{engine}]")
         self.job = job
         self.batches: list[BatchResult] = []
+        self.usage: dict[str, dict[str, float]] = {}  # node -> calls and metered quantities
 
     def accept(self, batch: BatchResult) -> None:
         self.batches.append(batch)
+        for name, usage in batch.usage_totals().items():
+            add_usage(self.usage.setdefault(name, {}), usage)
         self.add(batch.n, batch.hits, len(batch.errors), batch.events)
         batch.events = []
 
@@ -97,7 +107,8 @@ class MapCollector(Tally):
                 results.extend([from_row(b, i, session, errors.get(i)) for i in range(b.n)])
             else:
                 results.extend([from_row(b, i, session) for i in range(b.n)])
-        return MapResult(results, columns=lambda: _columns(batches), session_id=session)
+        return MapResult(results, columns=lambda: _columns(batches), session_id=session,
+                         usage=self.usage)
 
 
 def _columns(batches: list[BatchResult]) -> dict[str, list[Any]]:

@@ -15,7 +15,10 @@ the cluster, on any number of machines:
   ``per/count`` seconds), reserved in blocks sized to the demand, its state in the
   scheduler's metadata store (``Client.get_metadata``/``set_metadata``) updated under a
   ``distributed.Lock``. Start times are the workers' wall-clock times, so the machines'
-  clocks must agree (NTP) to within the spacing you need.
+  clocks must agree (NTP) to within the spacing you need. A metered quantity's rate
+  (``rate_limit={"tokens": ...}``) is the same reservation, by amounts;
+- a map's budget totals and a node's Retry-After hold-off: values in the scheduler's metadata,
+  updated under a ``distributed.Lock`` (``shared``).
 
 Registered with the core by importing ``hypernodes_dask``.
 """
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from hypernodes_dist.policies.limits import register_backend
 
@@ -58,13 +63,37 @@ class _Rate:
         self.client = get_client()
         self.path = ["hypernodes-rate", name]
 
-    def reserve(self, k: int = 1) -> float:
+    def reserve(self, k: float = 1) -> float:
         """The first of ``k`` start times (wall clock) spaced ``interval`` apart."""
         with self.lock:
             tat = float(self.client.get_metadata(self.path, default=0.0))
             start = max(tat, time.time())
             self.client.set_metadata(self.path, start + k * self.interval)
         return start
+
+
+class _Shared:
+    """A small value shared by the cluster: the scheduler's metadata, updated under a
+    ``distributed.Lock`` (a map's budget totals, a node's Retry-After hold-off)."""
+
+    def __init__(self, key: str) -> None:
+        from distributed import Lock, get_client
+
+        self.lock = Lock(f"hypernodes-shared-{key}")
+        self.client = get_client()
+        self.path = ["hypernodes-shared", key]
+
+    def get(self) -> Any:
+        return self.client.get_metadata(self.path, default=None)
+
+    def update(self, change: Callable[[Any], Any]) -> Any:
+        with self.lock:
+            value = change(self.client.get_metadata(self.path, default=None))
+            self.client.set_metadata(self.path, value)
+        return value
+
+    def remove(self) -> None:
+        self.client.set_metadata(self.path, None)
 
 
 class DistributedLimits:
@@ -80,6 +109,9 @@ class DistributedLimits:
 
     def rate(self, key: str, count: float, per: float) -> _Rate:
         return _Rate(key, count, per)
+
+    def shared(self, key: str) -> _Shared:
+        return _Shared(key)
 
 
 def probe() -> DistributedLimits | None:
