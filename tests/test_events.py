@@ -21,6 +21,8 @@ from hypernodes_dist.events import (
 )
 from hypernodes_dist.execution.statesync import apply_patch, pointer, unpointer
 
+from .conformance import edge_graphs as E
+
 
 class Recorder:
     def __init__(self) -> None:
@@ -198,3 +200,23 @@ def test_callbacks_see_the_same_events_in_run_and_iter(use_iter):
         g.run({"x": 1})
     assert types(rec.events)[0] == "RunStartEvent" and types(rec.events)[-1] == "RunEndEvent"
     assert len(rec.events) == 9
+
+
+# ------------------------------------------------------------------ cache hits
+
+
+def _node_kinds(rec: Recorder, node_id: str) -> list[str]:
+    return [type(e).__name__ for e in rec.events
+            if getattr(e, "node_id", None) == node_id and "Node" in type(e).__name__]
+
+
+def test_a_cache_hit_reports_only_its_end_in_run(tmp_path):
+    rec = Recorder()
+    graph = Graph(E.TIMED, cache=DiskCache(tmp_path / "c"), callbacks=[rec])
+    graph.run({"x": 1})
+    assert _node_kinds(rec, "slow") == ["NodeStartEvent", "NodeEndEvent"]
+    rec.events.clear()
+    again = graph.run({"x": 1})
+    assert _node_kinds(rec, "slow") == ["NodeEndEvent"]
+    assert all(e.cached for e in rec.events if type(e).__name__ == "NodeEndEvent")
+    assert [h.cached for h in again.history] == [True, True]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Literal
 
 import pytest
@@ -202,3 +204,13 @@ def test_interrupt_node_shape():
     i = InterruptNode(name="approval", input_param="prompt", response_param="decision")
     assert i.params == ("prompt",) and i.outputs == ("decision",) and i.kind == "interrupt"
     assert not i.cache
+
+
+# ------------------------------------------------------------------ Graph.map docstring
+
+
+def test_map_docstring_documents_every_parameter():
+    doc = inspect.getdoc(Graph.map)
+    params = [p for p in inspect.signature(Graph.map).parameters if p != "self"]
+    missing = [p for p in params if not re.search(rf"``{p}``|\b{p}\b:", doc)]
+    assert missing == []

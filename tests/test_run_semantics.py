@@ -7,8 +7,10 @@ from typing import Literal
 
 import pytest
 
-from hypernodes_dist import END, Graph, InterruptNode, branch, gate, node
-from hypernodes_dist.errors import GateDecisionError, MaxIterationsError
+from hypernodes_dist import END, Graph, GraphEngine, InterruptNode, branch, gate, node
+from hypernodes_dist.errors import GateDecisionError, MaxIterationsError, UnknownTargetError
+
+from .conformance import edge_graphs as E
 
 # ------------------------------------------------------------------ seed examples
 
@@ -333,3 +335,31 @@ def test_select_on_run_and_unknown_select():
     assert dict(g.run({"a": 1}, select=["b"])) == {"b": 2}
     with pytest.raises(ValueError, match="'zz'"):
         g.run({"a": 1}, select=["zz"])
+
+
+# ------------------------------------------------------------------ gates and END, loops that END (from the edge cases)
+
+
+def test_undeclared_end_raises_naming_the_gate_and_its_targets():
+    with pytest.raises(GateDecisionError, match=r"gate 'only_go' returned END.*'go'.*Literal"):
+        Graph(E.UNDECLARED_END).run({"x": 2})
+    assert Graph(E.UNDECLARED_END).run({"x": 1})["went"] == 1
+
+
+def test_the_string_END_in_a_literal_points_to_the_END_constant():
+    @gate
+    def decide(x: int) -> Literal["go", "END"]:
+        return "go"
+
+    with pytest.raises(UnknownTargetError, match=r"'END'.*END constant.*from hypernodes_dist import END"):
+        Graph([decide, E.go])
+
+
+@pytest.mark.parametrize("nodes", [E.LOOP_INCREMENT, E.LOOP_BUMP], ids=["increment", "bump"])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_loop_outputs_are_consistent_when_the_gate_ends(nodes, parallel):
+    res = Graph(nodes, engine=GraphEngine(parallel_nodes=parallel)).run({"seed": 0})
+    assert res["count"] == 3 and res["t"] == "t3"
+    order = [h.node_id for h in res.history]
+    assert order[-1] in ("check", "check_bump")  # the gate decides last, on settled values
+    assert order.count("transform") == 4  # on every value of count: 0, 1, 2, 3

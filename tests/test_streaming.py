@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -16,6 +17,8 @@ from hypernodes_dist.events import (
     StreamingEndEvent,
     StreamingStartEvent,
 )
+
+from .conformance import edge_graphs as E
 
 
 class Recorder:
@@ -233,3 +236,24 @@ def test_cache_hit_on_a_streaming_node_emits_no_chunks(tmp_path):
     assert chunks_of(rec.events) == []
     ends = [e for e in rec.events if isinstance(e, NodeEndEvent)]
     assert ends[0].cached is True
+
+
+# ------------------------------------------------------------------ empty streams
+
+
+def test_empty_streams_are_empty_of_their_kind():
+    res = Graph(E.STREAMS).run({"k": 0})
+    assert res["numbers"] == [] and res["text"] == "" and res["sizes"] == (0, 0)
+
+    @node(output_name="chunks")
+    def typed(k: int) -> Iterator[bytes]:
+        yield from (b"x" for _ in range(k))
+
+    @node(output_name="parts")
+    async def merged(k: int) -> AsyncIterator[dict]:
+        for i in range(k):
+            yield {i: i}
+
+    out = Graph([typed, merged]).run({"k": 0})
+    assert out["chunks"] == b"" and out["parts"] == {}
+    assert Graph([typed, merged]).map({"k": [0, 1]}, map_over="k").column("parts") == [{}, {0: 0}]

@@ -1,5 +1,6 @@
-"""Edge cases of the source design, the same on every engine (README: "Semantics the
-contract leaves open")."""
+"""Semantics the contract leaves open (README), the same on every engine: gates and
+``END``, loops that end, empty streams, duplicate items with and without a cache, cache-hit
+events, a nested interrupt in a map."""
 
 from __future__ import annotations
 
