@@ -1,4 +1,5 @@
-"""Importable node definitions for the reliability suite.
+"""Importable node definitions for the reliability suite (its tests import them as ``R``;
+the conformance suite's graphs are ``G``).
 
 Everything here lives at module level so worker processes (Dask processes, ``dask worker``
 processes, spawned writers) import it by name instead of unpickling closures.

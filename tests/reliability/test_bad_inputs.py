@@ -49,7 +49,7 @@ from hypernodes_dist import Graph, GraphEngine, InterruptNode
 from hypernodes_dist.engines import DaftEngine, DaskEngine
 from hypernodes_dist.errors import GraphBuildError, GraphInputError
 
-from . import graphs as G
+from . import graphs as R
 
 TRIED: dict[str, int] = {}  # examples run per property (reported by test_report_figures)
 
@@ -76,17 +76,17 @@ def _value(draw) -> Any:
 @st.composite
 def cases(draw) -> Case:
     nodes, dup = [], None
-    for level in G.LEVELS:
+    for level in R.LEVELS:
         pick = draw(st.integers(0, 40))
         if pick == 40 and dup is None:
-            nodes.extend(G.POOL[level])
+            nodes.extend(R.POOL[level])
             dup = level
         elif pick < 14:
             continue
         else:
-            nodes.append(G.POOL[level][pick % 2])
+            nodes.append(R.POOL[level][pick % 2])
     if not nodes:
-        nodes.append(G.POOL["p"][0])
+        nodes.append(R.POOL["p"][0])
     interrupt = draw(st.integers(0, 30)) == 30
     shape = draw(st.integers(0, 80))
     if shape == 80:
@@ -158,7 +158,7 @@ def _oracle_item(nodes: list, item: dict[str, Any]) -> tuple[dict[str, Any], dic
     values = dict(item)
     out: dict[str, Any] = {}
     failures: dict[str, type] = {}
-    for level in G.LEVELS:
+    for level in R.LEVELS:
         for n in nodes:
             if n.outputs[0] != level:
                 continue
@@ -217,7 +217,7 @@ def check_documented(case: Case, got: tuple) -> None:
             assert conflicts and "different defaults" in str(exc), repr(exc)
             assert any(set(names) <= set(exc.nodes) for names in conflicts.values())
             return
-        names = {n.name for n in G.POOL[case.dup_level]}
+        names = {n.name for n in R.POOL[case.dup_level]}
         assert names <= set(exc.nodes) and all(n in str(exc) for n in names)
         return
     assert case.dup_level is None, f"ambiguous graph was accepted: {got!r}"
@@ -331,11 +331,11 @@ def test_daft_and_dask_processes_agree(costly_engines) -> None:
 def test_non_dict_inputs_are_a_type_error_on_every_engine(inputs, costly_engines) -> None:
     for engine in [GraphEngine(), DaskEngine(scheduler="sync"), *costly_engines.values()]:
         with pytest.raises(TypeError, match="inputs must be a dict"):
-            Graph([G.add_ab], engine=engine).map(inputs, map_over="a")
+            Graph([R.add_ab], engine=engine).map(inputs, map_over="a")
 
 
 def test_interrupt_graph_map_is_a_type_error_naming_it(costly_engines) -> None:
     ask = InterruptNode(name="ask", input_param="p", response_param="answer")
     for engine in [GraphEngine(), DaskEngine(scheduler="sync"), *costly_engines.values()]:
         with pytest.raises(TypeError, match="InterruptNode.*ask"):
-            Graph([G.add_ab, ask], engine=engine).map({"a": [1], "b": 2}, map_over="a")
+            Graph([R.add_ab, ask], engine=engine).map({"a": [1], "b": 2}, map_over="a")

@@ -31,14 +31,14 @@ import pytest
 from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.engines import DaskEngine
 
-from . import graphs as G
+from . import graphs as R
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = 64 * 1024  # >= 32 KiB: file-backed entries
 
 
 def expected_blob(x: int, size: int) -> bytes:
-    return G.make_blob.func(x, size)  # the plain function: the oracle
+    return R.make_blob.func(x, size)  # the plain function: the oracle
 
 
 class Calls:
@@ -58,10 +58,10 @@ WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
     from hypernodes_dist import DiskCache, Graph, GraphEngine
-    from tests.reliability import graphs as G
+    from tests.reliability import graphs as R
 
     path, start = sys.argv[1], int(sys.argv[2])
-    g = Graph([G.make_blob, G.blob_len], engine=GraphEngine(batch_size=8),
+    g = Graph([R.make_blob, R.blob_len], engine=GraphEngine(batch_size=8),
               cache=DiskCache(path))
     print("ready", flush=True)
     while True:  # keep writing until killed: small and file-backed entries interleaved
@@ -97,7 +97,7 @@ def test_writer_killed_mid_write_leaves_nothing_that_reads_back_wrong(tmp_path):
     stored = cache.stats()["entries"]
     assert stored > 0, "the writers never reached the cache"
     calls = Calls()
-    g = Graph([G.make_blob, G.blob_len], cache=cache, callbacks=[calls])
+    g = Graph([R.make_blob, R.blob_len], cache=cache, callbacks=[calls])
     hits = 0
     for round_ in range(4):
         base = round_ * 100_000
@@ -149,7 +149,7 @@ def test_truncated_and_garbage_entries_are_recomputed(tmp_path, engine):
     make = (lambda: None) if engine == "local" else (lambda: DaskEngine(scheduler="sync"))
     for size in (64, BIG):
         for x in xs:  # one map per item: one segment per entry
-            Graph([G.make_blob], cache=DiskCache(path), engine=make()).map(
+            Graph([R.make_blob], cache=DiskCache(path), engine=make()).map(
                 {"x": [x], "size": size}, map_over="x")
     segments = _segments(path)
     small = [i for i, n in segments if n < BIG]
@@ -164,7 +164,7 @@ def test_truncated_and_garbage_entries_are_recomputed(tmp_path, engine):
 
     for size, bad in ((64, 4), (BIG, 4)):
         calls = Calls()
-        g = Graph([G.make_blob], cache=DiskCache(path), engine=make(), callbacks=[calls])
+        g = Graph([R.make_blob], cache=DiskCache(path), engine=make(), callbacks=[calls])
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a corrupt entry is a quiet miss, not a warning
             res = g.map({"x": xs, "size": size}, map_over="x")
@@ -172,7 +172,7 @@ def test_truncated_and_garbage_entries_are_recomputed(tmp_path, engine):
         assert len(calls.ran) == bad and len(calls.hit) == len(xs) - bad
     # healed: everything hits now
     calls = Calls()
-    g = Graph([G.make_blob], cache=DiskCache(path), callbacks=[calls])
+    g = Graph([R.make_blob], cache=DiskCache(path), callbacks=[calls])
     for size in (64, BIG):
         g.map({"x": xs, "size": size}, map_over="x")
     assert calls.ran == [] and len(calls.hit) == 2 * len(xs)
@@ -183,7 +183,7 @@ def test_truncated_and_garbage_entries_are_recomputed(tmp_path, engine):
 
 def _map_with_one_warning(path: Path, engine=None) -> None:
     xs = list(range(40))
-    g = Graph([G.slow_inc, G.slow_square], cache=DiskCache(path), engine=engine)
+    g = Graph([R.slow_inc, R.slow_square], cache=DiskCache(path), engine=engine)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         for _ in range(2):  # a second map on the same cache instance: still one warning
@@ -247,7 +247,7 @@ FULL_DISK = textwrap.dedent("""
     import json, resource, signal, sys, warnings
     sys.path.insert(0, {root!r})
     from hypernodes_dist import DiskCache, Graph
-    from tests.reliability import graphs as G
+    from tests.reliability import graphs as R
 
     path = sys.argv[1]
     cache = DiskCache(path)
@@ -255,7 +255,7 @@ FULL_DISK = textwrap.dedent("""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG
     limit = 16 * 1024  # smaller than one file-backed entry: every file write fails
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    g = Graph([G.make_blob, G.blob_len], cache=cache)
+    g = Graph([R.make_blob, R.blob_len], cache=cache)
     xs = list(range(30))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -263,7 +263,7 @@ FULL_DISK = textwrap.dedent("""
         res2 = g.map({{"x": xs, "size": 64 * 1024}}, map_over="x")
     print(json.dumps({{
         "ok": [r["length"] for r in res] == [64 * 1024] * 30
-              and [r["blob"] for r in res2] == [G.make_blob.func(x, 64 * 1024) for x in xs],
+              and [r["blob"] for r in res2] == [R.make_blob.func(x, 64 * 1024) for x in xs],
         "warnings": [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)],
     }}))
 """)

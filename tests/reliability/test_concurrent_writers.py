@@ -24,7 +24,7 @@ import pytest
 from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.engines import DaskEngine
 
-from . import graphs as G
+from . import graphs as R
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES, ITEMS = 8, 600
@@ -33,10 +33,10 @@ WRITER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
     from hypernodes_dist import DiskCache, Graph, GraphEngine
-    from tests.reliability import graphs as G
+    from tests.reliability import graphs as R
 
     path, start, n, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-    g = Graph([G.slow_inc, G.slow_square], engine=GraphEngine(batch_size=25),
+    g = Graph([R.slow_inc, R.slow_square], engine=GraphEngine(batch_size=25),
               cache=DiskCache(path))
     while time.time() < go:  # start together
         time.sleep(0.005)
@@ -72,7 +72,7 @@ def test_eight_processes_and_a_local_cluster_lose_no_writes(tmp_path):
         try:
             xs = list(range(PROCESSES * ITEMS, (PROCESSES + 1) * ITEMS))
             engine = DaskEngine(client=client, partition_size=25)
-            g = Graph([G.slow_inc, G.slow_square], engine=engine, cache=DiskCache(path))
+            g = Graph([R.slow_inc, R.slow_square], engine=engine, cache=DiskCache(path))
             while time.time() < go:
                 time.sleep(0.005)
             res = g.map({"x": xs, "delay": 0.0}, map_over="x")
@@ -108,7 +108,7 @@ def test_eight_processes_and_a_local_cluster_lose_no_writes(tmp_path):
                 Hits.ran += 1
 
     every = list(range(total))
-    warm = Graph([G.slow_inc, G.slow_square], cache=cache, callbacks=[Hits()])
+    warm = Graph([R.slow_inc, R.slow_square], cache=cache, callbacks=[Hits()])
     res = warm.map({"x": every, "delay": 0.0}, map_over="x")
     assert [r["z"] for r in res] == [(x + 1) ** 2 for x in every]
     LOST.append(Hits.ran)

@@ -29,7 +29,7 @@ from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.engines import DaskEngine
 from hypernodes_dist.errors import NodeError
 
-from . import graphs as G
+from . import graphs as R
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 
@@ -76,7 +76,7 @@ def test_repeated_worker_kills_mid_map_lose_nothing(start_cluster, tmp_path):
                 if event.node_id == "slow_square":
                     done.append(event.item_index)
 
-        g = Graph([G.slow_inc, G.slow_square], engine=engine, cache=cache, callbacks=[Count()])
+        g = Graph([R.slow_inc, R.slow_square], engine=engine, cache=cache, callbacks=[Count()])
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
         try:
@@ -96,7 +96,7 @@ def test_repeated_worker_kills_mid_map_lose_nothing(start_cluster, tmp_path):
             def on_node_end(self, event):
                 hits.append(event.cached)
 
-        warm = Graph([G.slow_inc, G.slow_square], cache=cache, callbacks=[Hits()])
+        warm = Graph([R.slow_inc, R.slow_square], cache=cache, callbacks=[Hits()])
         assert [r["z"] for r in warm.map({"x": xs, "delay": 0.03}, map_over="x")] == [
             (x + 1) ** 2 for x in xs]
         assert hits and all(hits) and len(hits) == 2 * len(xs)
@@ -116,7 +116,7 @@ def test_node_killing_its_worker_every_time_is_a_clear_error_not_a_hang(start_cl
         client = engine.client
         client.wait_for_workers(2, timeout=60)
         before = set(_worker_pids(client).values())
-        g = Graph([G.prepare, G.kill_after_prepare], engine=engine)
+        g = Graph([R.prepare, R.kill_after_prepare], engine=engine)
         t0 = time.monotonic()
         with pytest.raises(NodeError) as info:
             g.map({"x": list(range(8))}, map_over="x")  # item 3: prep == 30 kills the worker
@@ -130,7 +130,7 @@ def test_node_killing_its_worker_every_time_is_a_clear_error_not_a_hang(start_cl
         assert elapsed < 60, f"took {elapsed:.0f}s to fail"
 
         # one item, one partition: the error names the exact node and item
-        single = Graph([G.kill_my_worker], engine=DaskEngine(client=client, partition_size=1))
+        single = Graph([R.kill_my_worker], engine=DaskEngine(client=client, partition_size=1))
         client.wait_for_workers(2, timeout=60)
         with pytest.raises(NodeError, match=r"item 0 \(in node 'kill_my_worker'\)") as info:
             single.map({"x": [3]}, map_over="x")
@@ -152,7 +152,7 @@ def test_node_killing_its_worker_every_time_is_a_clear_error_not_a_hang(start_cl
 def test_process_pool_worker_death_names_the_items_and_recovers():
     engine = DaskEngine(scheduler="processes", num_workers=2, partition_size=2)
     try:
-        g = Graph([G.prepare, G.kill_after_prepare], engine=engine)
+        g = Graph([R.prepare, R.kill_after_prepare], engine=engine)
         with pytest.raises(NodeError) as info:
             g.map({"x": list(range(8))}, map_over="x")
         err = info.value

@@ -22,7 +22,7 @@ import pytest
 from hypernodes_dist import DiskCache, Graph, ObjectStoreCache
 from hypernodes_dist.cache.segments import _BLOCK, _BLOCK_MAGIC
 
-from . import graphs as G
+from . import graphs as R
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,13 +72,13 @@ def test_planted_pickles_never_run(tmp_path, kind):
 
     xs = [1, 2]
     for size in (64, 64 * 1024):
-        Graph([G.make_blob], cache=cache()).map({"x": xs, "size": size}, map_over="x")
+        Graph([R.make_blob], cache=cache()).map({"x": xs, "size": size}, map_over="x")
     marker = tmp_path / "pwned"
     assert _plant(kind, path, marker) == 2
-    res = Graph([G.make_blob], cache=cache()).map({"x": xs, "size": 64}, map_over="x")
-    res2 = Graph([G.make_blob], cache=cache()).map({"x": xs, "size": 64 * 1024}, map_over="x")
-    assert [r["blob"] for r in res] == [G.make_blob.func(x, 64) for x in xs]
-    assert [r["blob"] for r in res2] == [G.make_blob.func(x, 64 * 1024) for x in xs]
+    res = Graph([R.make_blob], cache=cache()).map({"x": xs, "size": 64}, map_over="x")
+    res2 = Graph([R.make_blob], cache=cache()).map({"x": xs, "size": 64 * 1024}, map_over="x")
+    assert [r["blob"] for r in res] == [R.make_blob.func(x, 64) for x in xs]
+    assert [r["blob"] for r in res2] == [R.make_blob.func(x, 64 * 1024) for x in xs]
     assert not marker.exists(), "a cache entry was unpickled unchecked"
     # control: the same pickle DOES run when loaded without the check
     pickle.loads(pickle.dumps(Payload(str(tmp_path / "control"))))

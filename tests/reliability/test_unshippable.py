@@ -21,7 +21,7 @@ from hypernodes_dist import DiskCache, Graph, node
 from hypernodes_dist.cache.hashing import UnhashableValueError
 from hypernodes_dist.engines import DaftEngine, DaskEngine
 
-from . import graphs as G
+from . import graphs as R
 
 
 def _closure_node():
@@ -53,7 +53,7 @@ ENGINES = ["dask-processes", "dask-distributed", "daft"]
 
 @pytest.mark.parametrize("name", ENGINES)
 def test_closure_over_a_lock_is_named_before_any_work(shippers, name, tmp_path):
-    g = Graph([G.logged_inc, _closure_node()], engine=shippers[name])
+    g = Graph([R.logged_inc, _closure_node()], engine=shippers[name])
     with pytest.raises(TypeError, match=r"node 'guarded'.*(pickle|serializable)"):
         g.map({"x": list(range(6)), "log_dir": str(tmp_path)}, map_over="x")
     assert list(tmp_path.iterdir()) == []  # nothing ran
@@ -61,17 +61,17 @@ def test_closure_over_a_lock_is_named_before_any_work(shippers, name, tmp_path):
 
 @pytest.mark.parametrize("name", ENGINES)
 def test_unpicklable_broadcast_input_is_named_before_any_work(shippers, name, tmp_path):
-    g = Graph([G.logged_inc, G.echo], engine=shippers[name])
+    g = Graph([R.logged_inc, R.echo], engine=shippers[name])
     with pytest.raises(TypeError, match=r"input 'handle'"):
-        g.map({"x": list(range(6)), "log_dir": str(tmp_path), "handle": G.Handle()},
+        g.map({"x": list(range(6)), "log_dir": str(tmp_path), "handle": R.Handle()},
               map_over="x")
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["dask-processes", "dask-distributed"])
 def test_unpicklable_mapped_value_names_input_and_item(shippers, name, tmp_path):
-    g = Graph([G.logged_inc, G.echo], engine=shippers[name])
-    handles = [1, 2, 3, G.Handle(), 5, 6]
+    g = Graph([R.logged_inc, R.echo], engine=shippers[name])
+    handles = [1, 2, 3, R.Handle(), 5, 6]
     with pytest.raises(TypeError, match=r"input 'handle' \(item 3\)"):
         g.map({"x": list(range(6)), "log_dir": str(tmp_path), "handle": handles},
               map_over=["x", "handle"])
@@ -79,8 +79,8 @@ def test_unpicklable_mapped_value_names_input_and_item(shippers, name, tmp_path)
 
 
 def test_daft_native_passes_unpicklable_mapped_values_through(shippers, tmp_path):
-    g = Graph([G.logged_inc, G.echo], engine=shippers["daft"])
-    handles = [1, 2, 3, G.Handle(), 5, 6]
+    g = Graph([R.logged_inc, R.echo], engine=shippers["daft"])
+    handles = [1, 2, 3, R.Handle(), 5, 6]
     res = g.map({"x": list(range(6)), "log_dir": str(tmp_path), "handle": handles},
                 map_over=["x", "handle"])
     assert [r["echo"] for r in res] == list(range(6))
@@ -90,9 +90,9 @@ def test_daft_native_passes_unpicklable_mapped_values_through(shippers, tmp_path
 
 
 def test_hypernodes_hash_is_the_documented_fallback(tmp_path):
-    g = Graph([G.echo], cache=DiskCache(tmp_path))
+    g = Graph([R.echo], cache=DiskCache(tmp_path))
     for _ in range(2):
-        res = g.map({"x": [1, 2], "handle": G.HashableHandle()}, map_over="x")
+        res = g.map({"x": [1, 2], "handle": R.HashableHandle()}, map_over="x")
         assert [r["echo"] for r in res] == [1, 2]
     hits = []
 
@@ -100,8 +100,8 @@ def test_hypernodes_hash_is_the_documented_fallback(tmp_path):
         def on_node_end(self, event):
             hits.append(event.cached)
 
-    Graph([G.echo], cache=DiskCache(tmp_path), callbacks=[Hits()]).map(
-        {"x": [1, 2], "handle": G.HashableHandle()}, map_over="x")
+    Graph([R.echo], cache=DiskCache(tmp_path), callbacks=[Hits()]).map(
+        {"x": [1, 2], "handle": R.HashableHandle()}, map_over="x")
     assert hits == [True, True]
 
 
@@ -109,18 +109,18 @@ def test_hypernodes_hash_is_the_documented_fallback(tmp_path):
 @pytest.mark.parametrize("engine", ["local", "dask-sync"])
 def test_unhashable_input_of_a_cached_node_is_a_type_error(tmp_path, engine, mapped):
     eng = DaskEngine(scheduler="sync") if engine == "dask-sync" else None
-    g = Graph([G.echo], cache=DiskCache(tmp_path), engine=eng)
-    inputs = ({"x": [1, 2, 3], "handle": [1, 2, G.Handle()]} if mapped
-              else {"x": [1, 2, 3], "handle": G.Handle()})
+    g = Graph([R.echo], cache=DiskCache(tmp_path), engine=eng)
+    inputs = ({"x": [1, 2, 3], "handle": [1, 2, R.Handle()]} if mapped
+              else {"x": [1, 2, 3], "handle": R.Handle()})
     with pytest.raises(UnhashableValueError, match="Handle"):
         g.map(inputs, map_over=["x", "handle"] if mapped else "x")
 
 
 @pytest.mark.parametrize("mapped", [False, True], ids=["broadcast", "mapped"])
 def test_unhashable_input_error_names_parameter_node_and_item(tmp_path, mapped):
-    g = Graph([G.echo], cache=DiskCache(tmp_path))
-    inputs = ({"x": [1, 2, 3], "handle": [1, 2, G.Handle()]} if mapped
-              else {"x": [1, 2, 3], "handle": G.Handle()})
+    g = Graph([R.echo], cache=DiskCache(tmp_path))
+    inputs = ({"x": [1, 2, 3], "handle": [1, 2, R.Handle()]} if mapped
+              else {"x": [1, 2, 3], "handle": R.Handle()})
     with pytest.raises(UnhashableValueError) as info:
         g.map(inputs, map_over=["x", "handle"] if mapped else "x")
     text = str(info.value) + " ".join(getattr(info.value, "__notes__", []))
