@@ -72,3 +72,29 @@ def logged(log_dir, suffix: str = ".log") -> list[int]:
         with open(os.path.join(log_dir, f)) as fh:
             out += [int(line.split()[0]) for line in fh if len(line.split()) == 2]
     return out
+
+
+# ------------------------------------------------------------------ one file per execution
+
+
+@node(output_name="y")
+def timed_square(x, log_dir: str, delay: float = 0.0):  # no annotation: rows fix the type
+    """Sleeps ``delay``, then records this execution as its own file in ``log_dir`` (the
+    row, and when it finished), so a process killed at any moment leaves whole records."""
+    if delay:
+        time.sleep(delay)
+    name = f"{x}.{os.getpid()}.{threading.get_ident()}.{time.perf_counter_ns()}"
+    with open(os.path.join(log_dir, name), "w") as f:
+        f.write(repr(time.time()))
+    return x * x
+
+
+def executions(log_dir) -> list[tuple[int, float]]:
+    """``(row, finished at)`` of every execution of ``timed_square`` recorded in ``log_dir``."""
+    out = []
+    for name in os.listdir(log_dir):
+        with open(os.path.join(log_dir, name)) as f:
+            text = f.read()
+        if text:
+            out.append((int(name.split(".")[0]), float(text)))
+    return out
