@@ -22,7 +22,8 @@ from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.resources import release_resources
 
 if TYPE_CHECKING:  # pyarrow loads only for dataset maps
-    from hypernodes_dist.datasets import DatasetJob, PartReport
+    from hypernodes_dist.datasets.job import DatasetJob
+    from hypernodes_dist.datasets.report import PartReport
     from hypernodes_dist.sinks.parquet import ParquetDataset
 
 __all__ = ["Engine"]

@@ -16,7 +16,8 @@ from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.syncio import gather_tasks, run_sync
 
 if TYPE_CHECKING:  # pyarrow loads only for dataset maps
-    from hypernodes_dist.datasets import DatasetJob, PartReport
+    from hypernodes_dist.datasets.job import DatasetJob
+    from hypernodes_dist.datasets.report import PartReport
 
 __all__ = ["GraphEngine"]
 
