@@ -4,6 +4,7 @@ every engine (the bar lives in the driver; engines only hand batches back)."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -52,3 +53,41 @@ def test_progress_bar_reports_items_rate_hits_and_errors(engine_name, tmp_path, 
 def test_no_bar_without_progress(capsys):
     Graph([half]).map({"x": [1, 2]}, map_over="x")
     assert "map [" not in capsys.readouterr().err
+
+
+@node(output_name="y")
+def slow_half(x: int) -> float:
+    time.sleep(0.005)
+    if x == 7:
+        raise ValueError("seven")
+    return x / 2
+
+
+@pytest.mark.parametrize("engine_name", ["local", "dask", "daft"])
+def test_dataset_bar_shows_rows_rate_eta_failed_and_resumed_rows(engine_name, tmp_path,
+                                                                 capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    engine = _engine(engine_name)
+    source, out = pa.table({"x": list(range(40))}), tmp_path / "out"
+    try:
+        g = Graph([slow_half], engine=engine)
+        g.map(source=source, into=out, on_error="collect", progress=True, commit_seconds=0.05)
+        files = sorted(out.glob("part-*.parquet"))
+        assert len(files) > 1
+        lost = pq.read_metadata(files[-1]).num_rows
+        files[-1].unlink()  # as if killed before that file was written
+        capsys.readouterr()
+        res = g.map(source=source, into=out, on_error="collect", progress=True,
+                    commit_seconds=0.05)
+    finally:
+        engine.close()
+    assert res.rows == 40 and res.failed == 1
+    final = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert f"map [{engine.name}] -> parquet" in final
+    assert "40/40" in final  # rows in files / total
+    assert re.search(r"row/s|s/row", final)  # this run's rate
+    assert re.search(r"<\d\d:\d\d", final)  # elapsed<ETA
+    assert re.search(r"failed=\d", final)
+    assert f"resumed={40 - lost}" in final  # rows an earlier run had written
