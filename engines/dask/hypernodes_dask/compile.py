@@ -45,7 +45,7 @@ from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.limits import settle
 
 from .packing import Packed, pack
-from .shipping import Shipment, missing_module, pickled, run_there, write_shipment
+from .shipping import Shipment, missing_module, pickled, run_there
 
 __all__ = [
     "Payload",
@@ -54,7 +54,6 @@ __all__ = [
     "build_graph",
     "pickle_payload",
     "run_partition",
-    "write_shipment",  # datasets.py's, until it ships through shipping.on_processes
 ]
 
 

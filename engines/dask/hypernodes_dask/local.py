@@ -8,19 +8,13 @@ from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-__all__ = ["compute_local", "running_keys"]
-
-
-def running_keys(error: BrokenProcessPool) -> list[Any]:
-    """The keys that were running when the worker process died (``compute_local`` without
-    ``died``)."""
-    return list(getattr(error, "hn_running", []))
+__all__ = ["compute_local"]
 
 
 def compute_local(engine: Any, dsk: dict[Any, Any], keys: list[Any],
                   deliver: Callable[[Any], None], *, flows: bool = False,
                   threads: int | None = None,
-                  died: Callable[[list[Any]], Exception] | None = None) -> None:
+                  died: Callable[[list[Any]], Exception]) -> None:
     """Compute ``keys`` of ``dsk`` on ``engine``'s local scheduler, ``deliver(result)`` for
     each as it finishes (``flows``: the process pool for plans whose items flow;
     ``threads``: the threaded scheduler's thread count). A worker process that dies raises
@@ -54,8 +48,4 @@ def compute_local(engine: Any, dsk: dict[Any, Any], keys: list[Any],
     except BrokenProcessPool as exc:  # a worker died: say which keys it was running
         if processes is not None:
             processes.broken(flows)
-        keys_running = sorted(running, key=repr)
-        if died is not None:
-            raise died(keys_running) from exc
-        exc.hn_running = keys_running  # type: ignore[attr-defined]
-        raise
+        raise died(sorted(running, key=repr)) from exc
