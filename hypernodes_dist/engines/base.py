@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.kit import (
-    RunEverywhere,
+    RemoteWorkers,
     check_cache_seen,
     check_output_seen,
     partition_size,
@@ -62,11 +62,11 @@ class Engine:
             return most
         return max(least, partition_size(n, self.dataset_workers(), 4, max_size=most))
 
-    def workers_elsewhere(self) -> tuple[RunEverywhere, str] | None:
+    def workers_elsewhere(self) -> RemoteWorkers | None:
         """How to call a function once on every worker, when workers may run on other
-        machines: ``(run_everywhere, what a worker is called)`` (``kit.RunEverywhere``; e.g.
-        Dask's ``client.run``, "Dask worker"). ``None`` (the default): every worker runs on
-        this machine, so ``check_cache`` and ``check_output`` have nothing to check."""
+        machines (``kit.RemoteWorkers``: e.g. Dask's ``client.run``, "Dask worker").
+        ``None`` (the default): every worker runs on this machine, so ``check_cache`` and
+        ``check_output`` have nothing to check."""
         return None
 
     def check_cache(self, cache: Cache) -> None:
@@ -75,7 +75,7 @@ class Engine:
         cache still checks lazily in each worker process."""
         elsewhere = self.workers_elsewhere()
         if elsewhere is not None:
-            check_cache_seen(cache, *elsewhere)
+            check_cache_seen(cache, elsewhere.run_everywhere, elsewhere.called)
 
     def check_output(self, out: ParquetDataset) -> None:
         """Before a dataset map runs anything: raise ``ValueError`` naming the workers that
@@ -83,7 +83,7 @@ class Engine:
         every worker ``workers_elsewhere`` reaches."""
         elsewhere = self.workers_elsewhere()
         if elsewhere is not None:
-            check_output_seen(out, *elsewhere)
+            check_output_seen(out, elsewhere.run_everywhere, elsewhere.called)
 
     def close(self) -> None:
         """Release what the engine started (clusters, pools) and tear down the resources

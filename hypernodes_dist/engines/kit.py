@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -16,7 +16,7 @@ from hypernodes_dist.plan import Plan
 
 __all__ = ["partition_size", "flow_tasks", "FLOW_TASKS_PER_CPU", "FLOW_ITEMS_PER_CPU",
            "unpicklable", "check_picklable", "cache_problem", "check_cache_seen",
-           "check_output_seen"]
+           "check_output_seen", "RemoteWorkers", "RunEverywhere"]
 
 FLOW_TASKS_PER_CPU = 4
 FLOW_ITEMS_PER_CPU = 1_000
@@ -140,6 +140,13 @@ def check_picklable(value: Any, what: str, where: str) -> None:
 # ``run_everywhere(fn, arg) -> {worker name: fn(arg, worker)}``: a plugin's way to call
 # ``fn`` once on every worker of its cluster (Dask's ``client.run``, a Ray task per node).
 RunEverywhere = Callable[[Callable[..., Any], Any], Mapping[str, Any]]
+
+
+class RemoteWorkers(NamedTuple):
+    """Workers that may run on other machines (``Engine.workers_elsewhere``)."""
+
+    run_everywhere: RunEverywhere  # fn(arg, worker) once on each, by worker name
+    called: str  # what one is called in messages, e.g. "Dask worker"
 
 
 def cache_problem(cache: Cache, worker: str | None = None) -> str | None:

@@ -54,7 +54,7 @@ import daft
 from daft import DataType, col
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import RunEverywhere, flow_tasks, partition_size
+from hypernodes_dist.engines.kit import RemoteWorkers, flow_tasks, partition_size
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.job import MapJob, Sink
 
@@ -153,7 +153,7 @@ class DaftEngine(Engine):
 
             run_dataset_ray(job, report, in_flight=2 * _ray_cpus())
 
-    def workers_elsewhere(self) -> tuple[RunEverywhere, str] | None:
+    def workers_elsewhere(self) -> RemoteWorkers | None:
         """On Ray, nodes may be other machines: the driver's cache store and ``into``
         directory are checked on each before a map."""
         if self.runner != "ray":
@@ -161,7 +161,7 @@ class DaftEngine(Engine):
         from .on_ray import run_everywhere  # ray is an optional extra: loaded on use
 
         self._ensure_runner()
-        return run_everywhere, "Ray node"
+        return RemoteWorkers(run_everywhere, "Ray node")
 
     def dataset_part_rows(self, n: int | None) -> int:
         """``batch_size`` rows, or a quarter of the rows (``part_rows``: Daft holds a part's

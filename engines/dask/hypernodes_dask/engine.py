@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.engines.kit import RunEverywhere, flow_tasks, partition_size
+from hypernodes_dist.engines.kit import RemoteWorkers, flow_tasks, partition_size
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.execution.job import MapJob, Sink
 
@@ -195,11 +195,11 @@ class DaskEngine(Engine):
         return self.partition_size or super().dataset_part_rows(n)
 
     # ------------------------------------------------------------------ map
-    def workers_elsewhere(self) -> tuple[RunEverywhere, str] | None:
+    def workers_elsewhere(self) -> RemoteWorkers | None:
         """On a cluster, workers may run on other machines: the driver's cache store and
         ``into`` directory are checked on each (``client.run``) before a map."""
         if self.scheduler == "distributed":
-            return self._run_everywhere, "Dask worker"
+            return RemoteWorkers(self._run_everywhere, "Dask worker")
         return None
 
     def _run_everywhere(self, fn: Callable[..., Any], arg: Any) -> dict[str, Any]:
