@@ -16,3 +16,11 @@ def engine(request):
     eng = request.param()
     yield eng
     eng.close()
+
+
+@pytest.fixture
+def logs(tmp_path) -> str:
+    """A fresh folder where the graphs' logging nodes leave one file per call."""
+    d = tmp_path / "logs"
+    d.mkdir()
+    return str(d)

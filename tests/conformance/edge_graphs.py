@@ -127,8 +127,8 @@ def unless_negative(v: int) -> Literal["logged_square", END]:
 GATED_SQUARE = [unless_negative, logged_square]  # a gate that can END: the per-item executor
 
 
-def calls(log_dir: Path) -> list[int]:
-    return sorted(int(p.name.rsplit("-", 1)[1]) for p in log_dir.iterdir())
+def calls(log_dir: str) -> list[int]:
+    return sorted(int(p.name.rsplit("-", 1)[1]) for p in Path(log_dir).iterdir())
 
 
 # --------------------------------------------------------------------------- nested interrupt

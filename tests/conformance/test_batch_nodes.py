@@ -18,13 +18,6 @@ from . import batch_graphs as BG
 KINDS = ["sync", "async", "flowing", "flowing-sync"]  # flowing: an async per-item node first
 
 
-@pytest.fixture
-def logs(tmp_path):
-    d = tmp_path / "logs"
-    d.mkdir()
-    return str(d)
-
-
 def _flat(call_list):
     return sorted(t for c in call_list for t in c)
 

@@ -29,13 +29,6 @@ def store(request):
     return request.param
 
 
-@pytest.fixture
-def logs(tmp_path):
-    d = tmp_path / "logs"
-    d.mkdir()
-    return d
-
-
 def test_warm_map_is_all_hits_with_events(engine, store, tmp_path, logs):
     cache = store(tmp_path / "c")
     inputs = {"x": list(range(25)), "log_dir": str(logs)}

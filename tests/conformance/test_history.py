@@ -11,14 +11,6 @@ from hypernodes_dist import Graph
 
 from . import edge_graphs as E
 
-
-@pytest.fixture
-def logs(tmp_path):
-    d = tmp_path / "logs"
-    d.mkdir()
-    return d
-
-
 # ------------------------------------------------------------------ map history
 
 

@@ -30,13 +30,6 @@ class Policies:
         self.errors.append(event)
 
 
-@pytest.fixture
-def logs(tmp_path):
-    d = tmp_path / "logs"
-    d.mkdir()
-    return str(d)
-
-
 @pytest.mark.parametrize("flaky", [P.pol_flaky, P.pol_aflaky], ids=["sync", "async"])
 def test_two_failures_then_success_with_retries_2(engine, logs, flaky):
     seen = Policies()

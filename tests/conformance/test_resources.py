@@ -24,13 +24,6 @@ def flaky_server():
         yield server
 
 
-@pytest.fixture
-def logs(tmp_path):
-    d = tmp_path / "logs"
-    d.mkdir()
-    return str(d)
-
-
 def _labels_ok(res, texts=TEXTS) -> bool:
     errors = [repr(r.error) for r in res if r.status != "complete"]
     assert not errors, errors[:3]

@@ -24,13 +24,6 @@ class Events:
         self.ends.append(event)
 
 
-@pytest.fixture
-def logs(tmp_path):
-    d = tmp_path / "logs"
-    d.mkdir()
-    return d
-
-
 # ------------------------------------------------------------------ gates and END
 
 
