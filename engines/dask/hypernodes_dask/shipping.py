@@ -6,12 +6,12 @@ pickled once in the driver (``pickled``) and travels as a ``Shipment``; what dif
 between the paths comes in as arguments, the way ``dask.local.get_async`` takes its
 ``dumps``/``loads``/``pack_exception``, never as subclasses:
 
-- in the driver, ``pickled(obj, where, culprit)``: ``culprit()`` names the node or input
-  that does not pickle; ``on_processes`` writes them to the process pool's scratch
-  folder for the tasks to reference (removed when the call ends), ``on_cluster`` scatters
-  them to every worker (released when the call ends); on threads the object itself is
-  shared, no copy. ``InFlight`` feeds results back as futures finish and cancels the rest
-  on an error or an interrupt;
+- in the driver, ``pickled(obj, where, culprit)`` makes the ``Shipment`` (``culprit()``
+  names the node or input that does not pickle); ``on_processes`` writes it to the process
+  pool's scratch folder for the tasks to reference (removed when the call ends; on threads
+  the object itself is shared, no copy), ``on_cluster`` scatters it to every worker
+  (released when the call ends). ``InFlight`` feeds results back as futures finish and
+  cancels the rest on an error or an interrupt;
 - in the task, ``run_there(shared, work, pack)``: the shared object (unpickled once per
   process and call), ``work(it)``, and in another process ``pack(result, it)`` (how the
   result crosses back) inside ``errors.call_portably`` (an exception that crosses back);
