@@ -1,8 +1,9 @@
 """Daft's Ray runner: dataset parts as Ray tasks, and a call on every Ray node.
 
 A dataset map on the Ray runner runs each part as one Ray task: the task reads its rows
-from the source, runs the plan, and writes its output file (``PartTask.run``, as a Dask
-task does), so rows never pass through the driver; the driver keeps a few parts in flight
+from the source and runs them through the core's part pipeline (``PartTask.run``, as a
+Dask task does: steps, a file of finished rows every ``commit_seconds`` or at the part's
+end), so rows never pass through the driver; the driver keeps a few parts in flight
 and receives their reports. ``run_everywhere`` calls a check on every live node (a task
 pinned to it), so a cache or ``into`` directory another machine cannot see is named
 before anything runs.
