@@ -12,7 +12,8 @@ For every engine and row count, two cases run the same per-row Python functions
   Daft: ``daft.read_parquet`` -> batch UDF -> ``write_parquet``.
 
 Each case runs in a fresh subprocess, which reports its wall time (the pipeline only, not
-interpreter start-up) and its peak RSS (``VmHWM``: the driver process's memory, imports
+interpreter start-up), the Parquet files it wrote (``files``: hypernodes commits a part's
+rows by time, ``commit_seconds=30``, so a fast map writes one file per part) and its peak RSS (``VmHWM``: the driver process's memory, imports
 included; Dask workers and Ray are other processes, Dask threads and Daft's native runner
 are the driver's). Targets: hypernodes/raw <= 1.5x; driver peak RSS under 500 MB, and the same
 within 100 MB at 1M and 5M rows. Prints a table, writes benchmarks/results/<name>.json
@@ -223,6 +224,7 @@ def run_case(engine: str, kind: str, src: Path, out: Path, workload: str = "triv
         rows = raw_daft(src, out)
     seconds = time.perf_counter() - t0
     return {"engine": engine, "kind": kind, "rows": rows, "seconds": round(seconds, 3),
+            "files": len(list(out.rglob("*.parquet"))),
             "driver_peak_rss_mb": round(peak_rss_mb(), 1)}
 
 
@@ -275,6 +277,7 @@ def main(rows_list: list[int], engines: list[str], workload: str = "trivial") ->
                     "ratio": round(pair["hypernodes"]["seconds"] / pair["raw"]["seconds"], 2),
                     "raw_rss_mb": pair["raw"]["driver_peak_rss_mb"],
                     "hypernodes_rss_mb": pair["hypernodes"]["driver_peak_rss_mb"],
+                    "raw_files": pair["raw"]["files"], "hypernodes_files": pair["hypernodes"]["files"],
                 })
                 print(_row(results[-1]), flush=True)
             shutil.rmtree(src, ignore_errors=True)
@@ -285,7 +288,8 @@ def main(rows_list: list[int], engines: list[str], workload: str = "trivial") ->
 
 def _row(r: dict) -> str:
     return (f"{r['engine']:<17}{r['rows']:>10,}{r['raw_s']:>9.2f}{r['hypernodes_s']:>9.2f}"
-            f"{r['ratio']:>7.2f}{r['raw_rss_mb']:>10.0f}{r['hypernodes_rss_mb']:>10.0f}")
+            f"{r['ratio']:>7.2f}{r['raw_rss_mb']:>10.0f}{r['hypernodes_rss_mb']:>10.0f}"
+            f"{r['raw_files']:>10}{r['hypernodes_files']:>9}")
 
 
 def summary(results: list[dict]) -> list[str]:
@@ -313,7 +317,7 @@ if __name__ == "__main__":
         sys.exit(0)
     rows_list = [int(x) for x in args.rows.split(",")]
     print(f"{'engine':<17}{'rows':>10}{'raw s':>9}{'hn s':>9}{'ratio':>7}"
-          f"{'raw MB':>10}{'hn MB':>10}")
+          f"{'raw MB':>10}{'hn MB':>10}{'raw files':>10}{'hn files':>9}")
     results = main(rows_list, args.engines.split(","), args.workload)
     for line in summary(results):
         print(line)

@@ -7,10 +7,10 @@ returns rows ``a .. b`` of the part as an Arrow table of the output schema and t
 ``PartReport``:
 
 - **steps**: a part is computed in steps (one executor call, or one Daft query, each);
-  ``Steps`` sizes them from the rows per second measured so far, to take about a quarter
-  of ``commit_seconds`` (starting small, growing at most ``GROWTH`` times per step, never
-  past the part's end), so a fast trivial map computes a part in a few large steps and
-  a slow one hands its rows over every few seconds;
+  ``Steps`` sizes them from the times measured so far (a fixed cost per step plus a cost
+  per row), to take about a quarter of ``commit_seconds`` (starting small, growing at most
+  ``GROWTH`` times per step, never past the part's end), so a fast trivial map computes a
+  part in a few large steps and a slow one hands its rows over every few seconds;
 - **commits**: finished steps wait in memory in a ``PartPipeline``; its writer thread
   writes them as one file once the oldest has waited half of ``commit_seconds``, or when
   the part's last step is done (a part computed within that time is one file,
@@ -58,24 +58,37 @@ def check_commit_seconds(value: object) -> float:
 
 
 class Steps:
-    """Sizes the steps of one worker's parts from the rows per second measured so far."""
+    """Sizes the steps of one worker's parts from the last two steps' times: a step of
+    ``n`` rows takes ``overhead + n * per_row`` (fitted from two step sizes; from one,
+    no overhead); the next aims at ``STEP * commit_seconds``, at most ``GROWTH`` times the
+    last (a step whose overhead alone exceeds the aim grows, to amortize it)."""
 
     def __init__(self, commit_seconds: float, first: int = FIRST_STEP) -> None:
         self.target = commit_seconds * STEP
         self.first = max(1, first)
-        self.last = 0
-        self.rate: float | None = None
+        self.points: list[tuple[int, float]] = []  # (rows, seconds), distinct rows
 
     def size(self, rest: int) -> int:
-        if self.rate is None:
+        if not self.points:
             return min(rest, self.first)
-        want = int(self.rate * self.target)
-        return min(rest, max(1, min(want, max(self.last, self.first) * GROWTH)))
+        n2, t2 = self.points[-1]
+        if len(self.points) == 2:
+            n1, t1 = self.points[0]
+            per_row = max((t2 - t1) / (n2 - n1), 1e-9)
+            overhead = max(0.0, t2 - per_row * n2)
+        else:
+            per_row, overhead = max(t2 / n2, 1e-9), 0.0
+        cap = n2 * GROWTH
+        want = (self.target - overhead) / per_row if self.target > overhead else cap
+        return int(min(rest, max(1, min(want, cap))))
 
     def record(self, n: int, seconds: float) -> None:
-        if n:
-            self.last = n
-            self.rate = n / max(seconds, 1e-6)
+        if not n:
+            return
+        if self.points and self.points[-1][0] == n:
+            self.points[-1] = (n, seconds)
+        else:
+            self.points = [*self.points[-1:], (n, seconds)]
 
 
 @dataclass

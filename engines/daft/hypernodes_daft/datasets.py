@@ -6,7 +6,8 @@ A part (a row range; see ``hypernodes_dist.datasets``) is computed in steps, one
 query each::
 
     daft.read_parquet(the part's files, row_groups=...)      # or the part's rows
-      -> row id (monotonically_increasing_id) -> keep the step's row range
+      -> row id (monotonically_increasing_id) -> the part's rows (collected once per part)
+      -> keep the step's row range
       -> batch UDF: PartTask.compute -> struct of outputs, _hn_row, _hn_error (unnested)
       -> collect (in scan order: the rows stay in _hn_row order) -> Arrow table
 
@@ -71,11 +72,13 @@ def _stepper(job: DatasetJob, part: Part, batch_size: int | None) -> Compute:
     """``compute(a, b)``: rows ``a .. b`` of ``part`` through one Daft query."""
     task, src = job.task, job.source
     files = part.files()
-    if files is not None:  # Daft reads the part's row groups; the row id picks the rows
+    if files is not None:  # Daft reads the part's rows once; the row id picks a step's
         frame = daft.read_parquet([src.uri_prefix + p.path for p in files],
                                   row_groups=[list(p.row_groups) for p in files],
                                   io_config=io_config(src.where))
-        base, first = _with_id(frame.select(*task.read_columns)), files[0].skip
+        first = files[0].skip
+        base = _with_id(frame.select(*task.read_columns))
+        base = base.where((col(ID) >= first) & (col(ID) < first + part.n)).collect()
 
         def rows(a: int, b: int) -> tuple[daft.DataFrame, int]:
             return base.where((col(ID) >= first + a) & (col(ID) < first + b)), -first
