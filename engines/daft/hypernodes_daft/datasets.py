@@ -6,8 +6,8 @@ A part (a row range; see ``hypernodes_dist.datasets``) is computed in steps, one
 query each::
 
     daft.read_parquet(the part's files, row_groups=...)      # or the part's rows
-      -> row id (monotonically_increasing_id) -> the part's rows (collected once per part)
-      -> keep the step's row range
+      -> row id (monotonically_increasing_id) -> the part's rows (collected once when
+         the part takes several steps) -> keep the step's row range
       -> batch UDF: PartTask.compute -> struct of outputs, _hn_row, _hn_error (unnested)
       -> collect (in scan order: the rows stay in _hn_row order) -> Arrow table
 
@@ -77,11 +77,16 @@ def _stepper(job: DatasetJob, part: Part, batch_size: int | None) -> Compute:
                                   row_groups=[list(p.row_groups) for p in files],
                                   io_config=io_config(src.where))
         first = files[0].skip
-        base = _with_id(frame.select(*task.read_columns))
-        base = base.where((col(ID) >= first) & (col(ID) < first + part.n)).collect()
+        whole = _with_id(frame.select(*task.read_columns))
+        whole = whole.where((col(ID) >= first) & (col(ID) < first + part.n))
+        held: list[daft.DataFrame] = []
 
         def rows(a: int, b: int) -> tuple[daft.DataFrame, int]:
-            return base.where((col(ID) >= first + a) & (col(ID) < first + b)), -first
+            if a == 0 and b == part.n:  # one step: one streaming query
+                return whole, -first
+            if not held:  # several steps: read the part once
+                held.append(whole.collect())
+            return held[0].where((col(ID) >= first + a) & (col(ID) < first + b)), -first
     else:
         data = part.read(task.read_columns)
 
