@@ -263,11 +263,11 @@ class ItemFlow(Columnar):
 
     def finish(self) -> BatchResult:
         """The batch's ``BatchResult`` (its executions as ``NodeColumns``, in item order)."""
+        for node in self.plan.nodes:  # what the calls metered, per item
+            self._harvest(node, self.totals[node.name])
         if self.settings.want_events:
             for node in self.plan.nodes:
                 self._columns_of(node)
-        for node in self.plan.nodes:  # what the calls metered, per item
-            self._harvest(node, self.totals[node.name])
         for name, (positions, starts, ends) in self.ran.items():  # the items' history
             clock = Clock()
             clock.starts, clock.ends = starts, ends

@@ -87,12 +87,15 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def _sleep(seconds: float, blocking: bool) -> None:
+async def _sleep(seconds: float, blocking: bool, in_slot: bool = False) -> None:
+    """Wait ``seconds``; a flowing item not holding a concurrency unit (``in_slot``) gives
+    its window place back meanwhile (an item holding one keeps its place: taking the place
+    back could wait on an item that waits for that unit)."""
     if blocking:
         time.sleep(seconds)
         return
     window = WINDOW.get()
-    if window is None:
+    if window is None or in_slot:
         await asyncio.sleep(seconds)
         return
     window.release()
@@ -209,8 +212,8 @@ class Guard:
 
     async def _attempt(self, call: Call, item: int | None, attempt: int, blocking: bool,
                        timing: Attempts) -> Any:
-        """Hold-off, budget -> concurrency slot -> rate-limit turns -> the call."""
-        await self._before(item, attempt, blocking, timing)
+        """Hold-off -> concurrency slot -> rate-limit turns -> budget -> the call."""
+        await self._hold_off(item, attempt, blocking, timing)
         p, slots = self.policy, self.slots
         if slots is not None:
             waited = await slots.acquire(blocking)
@@ -224,9 +227,11 @@ class Guard:
                 if wait > 0:
                     timing.waited += wait
                     self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
-                    await _sleep(wait, blocking)
+                    await _sleep(wait, blocking, in_slot=True)
             reserved = await self._reserve_amounts(item, attempt, blocking, timing)
             try:
+                if self.budget is not None:  # last: a call that waited may find it spent
+                    self.budget.check(p.node, quantities_of(p.node), item)
                 timing.start = time.perf_counter()
                 if p.timeout is None:
                     value = await call()
@@ -243,9 +248,9 @@ class Guard:
             if held is not None:
                 held.release()
 
-    async def _before(self, item: int | None, attempt: int, blocking: bool,
-                      timing: Attempts) -> None:
-        """Wait out the node's Retry-After hold-off; stop here once the budget is spent."""
+    async def _hold_off(self, item: int | None, attempt: int, blocking: bool,
+                        timing: Attempts) -> None:
+        """Wait out the node's Retry-After hold-off."""
         while True:
             wait = self.holdoff.until() - time.time()
             if wait <= 0:
@@ -253,8 +258,6 @@ class Guard:
             timing.waited += wait
             self._event("throttle", item, attempt, wait, "Retry-After hold-off")
             await _sleep(wait, blocking)
-        if self.budget is not None:
-            self.budget.check(self.policy.node, quantities_of(self.policy.node), item)
 
     async def _reserve_amounts(self, item: int | None, attempt: int, blocking: bool,
                                timing: Attempts) -> list[tuple[Any, float, float]]:
@@ -269,7 +272,7 @@ class Guard:
             if wait > 0:
                 timing.waited += wait
                 self._event("throttle", item, attempt, wait, f"rate_limit {q.text}")
-                await _sleep(wait, blocking)
+                await _sleep(wait, blocking, in_slot=True)
         return reserved
 
     def _correct_amounts(self, reserved: list[Any]) -> None:

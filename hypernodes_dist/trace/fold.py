@@ -41,6 +41,7 @@ class TraceNode:
     tags: tuple[str, ...] = ()
     items: int = 0  # map: item runs ended so far
     failed: int = 0  # map: item runs that ended in error
+    usage: dict[str, float] | None = None  # what the execution metered (``meter``)
 
     @property
     def ended_at(self) -> float | None:
@@ -220,6 +221,7 @@ class Fold:
             rec.attempts = max(rec.attempts, ev.attempts, 1)
         else:
             rec.status, rec.cached, rec.attempts = "complete", ev.cached, rec.attempts or 1
+            rec.usage = ev.usage or None
 
     _on_node_error = _on_node_end  # an error ends its execution like a node end
     _on_streaming_end = _execution  # a stream's end only makes sure its execution exists

@@ -7,11 +7,13 @@ import heapq
 import html
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import add, gt, itemgetter, le
 from pathlib import Path
 from typing import Any
+
+from hypernodes_dist.policies.usage import add_usage
 
 from .fold import Edge, TraceNode
 from .log import Trace
@@ -32,14 +34,19 @@ class NodeStats:
     max_ms: float
     total_ms: float
     waited_ms: float = 0.0  # waits of its executions (slots, rate limits, back-offs), total
+    usage: dict[str, float] = field(default_factory=dict)  # what its calls metered, summed
 
 
 def summary(trace: Trace) -> dict[str, NodeStats]:
-    """Per graph node: executions, hits, errors, retries, p50/p95/max running time, waits."""
+    """Per graph node: executions, hits, errors, retries, p50/p95/max running time, waits and
+    the usage its calls metered."""
     records, batches = trace.columns()
     acc: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, [], 0.0])
+    usage: dict[str, dict[str, float]] = defaultdict(dict)
     for r in records:  # acc[node]: ran, cached, errors, retries, skipped, durations, waits
         if r.kind == "node":
+            if r.usage:
+                add_usage(usage[r.node_id], r.usage)
             a = acc[r.node_id]
             a[3] += max(0, r.attempts - 1)
             a[6] += r.waited_ms
@@ -52,22 +59,27 @@ def summary(trace: Trace) -> dict[str, NodeStats]:
             a = acc[part.node_id]
             a[1 if part.cached else 0] += len(part.items)
             a[5].extend([] if part.cached else event.durations(part))
+            for metered in part.usage or ():
+                if metered:
+                    add_usage(usage[part.node_id], metered)
     out = {}
     for name, (ran, cached, errors, retries, skipped, durations, waited) in acc.items():
         durations.sort()
         pick = [float(durations[max(1, math.ceil(q * len(durations))) - 1]) if durations
                 else 0.0 for q in (0.5, 0.95)]  # nearest rank
         out[name] = NodeStats(name, ran + cached + errors, ran, cached, errors, retries, skipped,
-                              *pick, max(durations, default=0.0), sum(durations), waited)
+                              *pick, max(durations, default=0.0), sum(durations), waited,
+                              usage.get(name, {}))
     return out
 
 
 def format_summary(stats: dict[str, NodeStats]) -> str:
     """A plain-text table of ``summary(trace)``."""
     head = ("node", "execs", "ran", "cached", "errors", "retries", "p50 ms", "p95 ms", "max ms",
-            "waited ms")
+            "waited ms", "usage")
     rows = [head] + [(s.node, *map(str, (s.executions, s.ran, s.cached, s.errors, s.retries)),
-                      *(f"{v:.3f}" for v in (s.p50_ms, s.p95_ms, s.max_ms)), f"{s.waited_ms:.1f}")
+                      *(f"{v:.3f}" for v in (s.p50_ms, s.p95_ms, s.max_ms)), f"{s.waited_ms:.1f}",
+                      " ".join(f"{q}={v:.4g}" for q, v in s.usage.items()))
                      for s in stats.values()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
