@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DatasetJob", "PartTask", "PartReport", "OutputTypeError", "error_text"]
 
+CALL_ROWS = 10_000  # items per executor call within a step (larger calls run slower)
+
 
 def error_text(exc: BaseException) -> str:
     """The ``_hn_error`` cell of a failed item: ``node 'x': ValueError: message``."""
@@ -84,7 +86,7 @@ class PartTask:
         """Rows ``a .. b`` of ``part`` (``data``: all its rows) computed, as a table."""
         values = {name: _pylist(_slice(data[col], a, b)) for name, col in self.mapping.items()}
         report = PartReport(part.index, part.offset + a, b - a, worker=worker_id())
-        computed = self.compute(part.offset + a, b - a, values, report, None, writes)
+        computed = self.compute(part.offset + a, b - a, values, report, CALL_ROWS, writes)
         return self.table(computed, {k: _slice(data[k], a, b) for k in self.keep}), report
 
     def table(self, computed: dict[str, pa.Array], kept: dict[str, Any]) -> pa.Table:
