@@ -133,18 +133,29 @@ class ParquetDataset:
         them): temporary name, then rename into place."""
         import pyarrow.parquet as pq
 
-        final = self.path(self.part_name(index, span))
         tmp = self.temp_path(index)
         try:
             pq.write_table(table, tmp, filesystem=self.filesystem,
                            row_group_size=min(max(table.num_rows, 1), 1 << 17))
-            self.filesystem.move(tmp, final)
         except BaseException:
             self.remove(tmp)
+            raise
+        return self.place(tmp, index, span)
+
+    def place(self, written: str, index: int, span: tuple[int, int] | None = None) -> str:
+        """Rename a complete file written here under a temporary name (``temp_path``) into
+        place as part ``index``'s (``span``: its rows ``start .. stop``)."""
+        final = self.path(self.part_name(index, span))
+        try:
+            self.filesystem.move(written, final)
+        except BaseException:
+            self.remove(written)
             raise
         return final
 
     def temp_path(self, index: int) -> str:
+        """A temporary name in the directory for a file of part ``index`` (hidden from
+        readers: a leading ``.``; removed by the next run if this one dies)."""
         return self.path(f".hn-tmp-{index:06d}-{uuid.uuid4().hex[:12]}.parquet")
 
     def remove(self, path: str) -> None:

@@ -40,6 +40,7 @@ from hypernodes_dist.datasets.commit import Compute
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.sinks.parquet import Committed, ParquetDataset
 
 from .udf import apply_udf, consecutive_runs
 from .uris import io_config
@@ -63,9 +64,46 @@ def part_rows(n: int | None, batch_size: int | None) -> int:
 
 def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
                        batch_size: int | None) -> None:
-    """Every pending part through the core's part pipeline, each step one Daft query."""
-    run_parts(job.task.out, job.task.commit_seconds, job.pending(),
+    """Every pending part through the core's part pipeline, each step one Daft query,
+    each file written by Daft (into a ``ParquetDataset``; another ``PartWriter`` writes
+    its own)."""
+    out = job.task.out
+    writer = DaftWriter(out) if isinstance(out, ParquetDataset) else out
+    run_parts(writer, job.task.commit_seconds, job.pending(),
               lambda part: _stepper(job, part, batch_size), report)
+
+
+class DaftWriter:
+    """The ``PartWriter`` of Daft's native runner: Daft writes each file (``write_parquet``
+    to a temporary name in ``into=``); the ``ParquetDataset`` renames it into place and
+    answers the rest."""
+
+    def __init__(self, out: ParquetDataset) -> None:
+        self.out = out
+        self.location = out.location
+
+    def committed(self) -> dict[int, Committed]:
+        return self.out.committed()
+
+    def write_part(self, index: int, table: pa.Table,
+                   span: tuple[int, int] | None = None) -> str:
+        tmp = self.out.temp_path(index)
+        try:
+            daft.from_arrow(table).write_parquet(self.out.uri_prefix + tmp, single_file=True,
+                                                 io_config=io_config(self.out.location))
+        except BaseException:
+            self.out.remove(tmp)
+            raise
+        return self.out.place(tmp, index, span)
+
+    def remove(self, path: str) -> None:
+        self.out.remove(path)
+
+    def write_input_digest(self, index: int, digest: str) -> None:
+        self.out.write_input_digest(index, digest)
+
+    def input_digest(self, index: int) -> str | None:
+        return self.out.input_digest(index)
 
 
 def _stepper(job: DatasetJob, part: Part, batch_size: int | None) -> Compute:
