@@ -1,0 +1,122 @@
+"""The part pipeline (``datasets/commit.py``) and the sink protocols, on their own: files by
+time, resume from a part's last file, steps sized by measured cost, protocols as types."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hypernodes_dist import Graph, GraphEngine, node
+from hypernodes_dist.datasets.commit import PartPipeline, Steps
+from hypernodes_dist.datasets.parts import Part
+from hypernodes_dist.datasets.report import PartReport
+from hypernodes_dist.datasets.run import DatasetCollector
+from hypernodes_dist.sinks.base import PartWriter, ResultSink
+from hypernodes_dist.sinks.parquet import ParquetDataset
+
+
+def _rows(a: int, b: int) -> pa.Table:
+    return pa.table({"_hn_row": pa.array(range(a, b), pa.int64())})
+
+
+def _wait_for(check, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_protocols_are_implemented():
+    out = ParquetDataset("/tmp/unused-hn-dir")
+    assert isinstance(out, PartWriter)
+    collector = DatasetCollector([], False, 0, "local", out)
+    assert isinstance(collector, ResultSink)
+    daft_datasets = pytest.importorskip("hypernodes_daft.datasets")
+    assert isinstance(daft_datasets.DaftWriter(out), PartWriter)
+
+
+def test_held_rows_are_written_by_time_while_the_part_is_still_running(tmp_path):
+    out = ParquetDataset(tmp_path)
+    out.create()
+    part = Part(3, 300, 100, None)
+    pipe = PartPipeline(out, commit_seconds=0.2)
+    pipe.begin(part)
+    pipe.add(part, _rows(300, 340), PartReport(3, 300, 40))
+    # the part goes on (no end()): its first 40 rows get their own file by time
+    _wait_for(lambda: out.committed().get(3) is not None, "no file after commit_seconds")
+    assert out.committed()[3].rows == 40
+    pipe.add(part, _rows(340, 400), PartReport(3, 340, 60))
+    pipe.end(part)
+    reports = pipe.take() + pipe.close()
+    assert sum(r.n for r in reports) == 100
+    assert sorted(f.name for f in tmp_path.glob("part-*")) == [
+        "part-000003-000000000-000000040.parquet", "part-000003-000000040-000000100.parquet"]
+    assert out.committed()[3].done(100)
+
+
+def test_a_fast_part_is_one_file(tmp_path):
+    out = ParquetDataset(tmp_path)
+    out.create()
+    part = Part(0, 0, 10, None)
+    pipe = PartPipeline(out, commit_seconds=30)
+    pipe.begin(part)
+    pipe.add(part, _rows(0, 4), PartReport(0, 0, 4))
+    pipe.add(part, _rows(4, 10), PartReport(0, 4, 6))
+    pipe.end(part)
+    [report] = pipe.take() + pipe.close()
+    assert (report.offset, report.n) == (0, 10)
+    assert [f.name for f in tmp_path.glob("part-*")] == ["part-000000.parquet"]
+
+
+def test_committed_stops_at_a_gap_and_names_the_files_past_it(tmp_path):
+    out = ParquetDataset(tmp_path)
+    out.create()
+    for a, b in ((0, 10), (10, 20), (30, 40)):
+        out.write_part(1, _rows(a, b), (a, b))
+    found = out.committed()[1]
+    assert found.rows == 20 and not found.done(40)
+    assert [p.rsplit("/", 1)[1] for p in found.later] == [
+        "part-000001-000000030-000000040.parquet"]
+
+
+@node(output_name="y")
+def double(x: int) -> int:
+    return 2 * x
+
+
+def test_rerun_resumes_a_part_after_its_last_file_and_replaces_files_past_a_gap(tmp_path):
+    out = tmp_path / "out"
+    g = Graph([double], engine=GraphEngine())
+    source = pa.table({"x": list(range(50))})
+    g.map(source=source, into=out)
+    [whole] = out.glob("part-*.parquet")
+    full = pq.read_table(whole)
+    whole.unlink()  # as if killed: the part's first 20 rows in files, a stray file past a gap
+    ds = ParquetDataset(out)
+    ds.write_part(0, full.slice(0, 20), (0, 20))
+    ds.write_part(0, full.slice(30, 10), (30, 40))
+    res = g.map(source=source, into=out)
+    assert res.rows == 50
+    table = res.to_arrow().sort_by("_hn_row")
+    assert table.column("_hn_row").to_pylist() == list(range(50))
+    assert table.column("y").to_pylist() == [2 * x for x in range(50)]
+    assert sorted(f.name for f in out.glob("part-*")) == [
+        "part-000000-000000000-000000020.parquet", "part-000000-000000020-000000050.parquet"]
+
+
+def test_steps_grow_for_fast_rows_and_stay_small_for_slow_ones():
+    fast = Steps(commit_seconds=30)
+    sizes = []
+    for _ in range(6):
+        n = fast.size(10**9)
+        fast.record(n, 0.05 + 1e-6 * n)  # a fixed cost per step, 1 µs per row
+        sizes.append(n)
+    assert sizes == sorted(sizes) and sizes[-1] >= 500_000
+    slow = Steps(commit_seconds=30)
+    for _ in range(4):
+        n = slow.size(10**9)
+        slow.record(n, 1.0 * n)  # 1 s per row
+    assert slow.size(10**9) <= 8  # about commit_seconds / 4 of work
