@@ -1,0 +1,159 @@
+"""A paid API with requests- and tokens-per-window limits: our declared limits vs the client's
+own retries.
+
+A loopback OpenAI-compatible server (``hypernodes_bench.llm_server``, a subprocess) enforces a
+sliding-window limit on requests and on tokens, answering 429 with ``retry-after`` past it.
+Each row is one ``chat.completions.create`` through the real ``openai.AsyncOpenAI``.
+
+- **hand loop**: what a user writes without us: one shared client relying on its own retries
+  (``max_retries=5``, which honours ``retry-after`` per request), ``asyncio.Semaphore(64)``.
+- **ours**: the client held by a ``@resource`` (``max_retries=0``), the node declaring the
+  provider's limits ``rate_limit={"calls": ..., "tokens": ...}``, ``meter(tokens=...)``,
+  ``retries=5, retry_on=openai.RateLimitError`` (Retry-After honoured, the node held off),
+  default engine settings.
+
+Reported per row: seconds, ``x ideal`` (seconds / the ideal: the larger of tokens / token
+rate and requests / request rate, from what the server admitted), requests the server saw,
+429s and their share (wasted requests), failed rows, metered tokens, driver peak RSS.
+
+Run: ``.venv/bin/python benchmarks/bench_paid_api.py [--rows 5000] [--engines a,b]``.
+Prints a table and writes ``benchmarks/results/paid_api.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+from bench_realclient import SETUPS, PeakRSS
+
+from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.tables import print_table, write_results
+from hypernodes_dist import Graph, meter, node, resource
+
+RESULTS = Path(__file__).parent / "results"
+COLUMNS = ["run", "rows", "seconds", "x_ideal", "requests", "429s", "pct_429", "failed",
+           "tokens", "driver_mb"]
+WINDOW = 10.0  # the server's sliding window, seconds
+REQUESTS = 3_000  # per window (300/s)
+TOKENS = 35_000  # per window (3,500/s)
+CONCURRENCY = 64
+MAX_TOKENS = 5
+
+
+@resource
+def llm(base_url: str):
+    yield openai.AsyncOpenAI(base_url=base_url, api_key="loopback", max_retries=0)
+
+
+@node(output_name="label", retries=5, retry_on=openai.RateLimitError, concurrency=CONCURRENCY,
+      rate_limit={"calls": f"{REQUESTS}/{WINDOW:g}s", "tokens": f"{TOKENS}/{WINDOW:g}s"})
+async def classify(text: str, llm) -> str:
+    r = await llm.chat.completions.create(
+        model="loopback", messages=[{"role": "user", "content": text}], max_tokens=MAX_TOKENS)
+    meter(tokens=r.usage.total_tokens)
+    return r.choices[0].message.content
+
+
+async def _hand_loop(base_url: str, texts: list[str]) -> list[str | None]:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="loopback", max_retries=5)
+    sem = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(text: str) -> str | None:
+        async with sem:
+            try:
+                r = await client.chat.completions.create(
+                    model="loopback", messages=[{"role": "user", "content": text}],
+                    max_tokens=MAX_TOKENS)
+            except openai.APIError:
+                return None
+            return r.choices[0].message.content
+
+    try:
+        return list(await asyncio.gather(*map(one, texts)))
+    finally:
+        await client.close()
+
+
+def _measure(server: LLMServer, job: Any, texts: list[str]) -> dict[str, Any]:
+    server.reset()
+    with PeakRSS() as rss:
+        t0 = time.perf_counter()
+        labels, tokens = job()
+        seconds = time.perf_counter() - t0
+    stats = server.stats()
+    ideal = max(stats["tokens"] / (TOKENS / WINDOW), stats["ok"] / (REQUESTS / WINDOW))
+    refused = stats["rate_limited"]
+    return {"seconds": round(seconds, 2), "x_ideal": round(seconds / ideal, 3),
+            "requests": stats["requests"], "429s": refused,
+            "pct_429": round(100 * refused / max(1, stats["requests"]), 2),
+            "failed": sum(1 for got, t in zip(labels, texts) if got != label_of(t)),
+            "tokens": tokens, "driver_mb": round(rss.peak / 2**20), "ideal_s": round(ideal, 2)}
+
+
+def run_ours(label: str, server: LLMServer, texts: list[str]) -> dict[str, Any]:
+    engine = SETUPS[label]()
+    try:
+        graph = Graph([llm, classify], engine=engine)
+        graph.map({"text": texts[:4], "base_url": server.base_url}, map_over="text")  # warm up
+        time.sleep(WINDOW)  # the warm-up's requests leave the server's window
+
+        def job() -> tuple[list[Any], Any]:
+            res = graph.map({"text": texts, "base_url": server.base_url}, map_over="text",
+                            on_error="collect")
+            labels = [r["label"] if r.status == "complete" else None for r in res]
+            return labels, res.usage.get("classify", {}).get("tokens")
+
+        return _measure(server, job, texts)
+    finally:
+        engine.close()
+
+
+def run_loop(server: LLMServer, texts: list[str]) -> dict[str, Any]:
+    time.sleep(WINDOW)
+    return _measure(server, lambda: (asyncio.run(_hand_loop(server.base_url, texts)), ""),
+                    texts)
+
+
+def main(rows: int, engines: list[str]) -> dict[str, Any]:
+    texts = [f"review {i}: " + "fine " * (i % 9) + "value" for i in range(rows)]
+    load_before = os.getloadavg()[0]
+    out: list[dict[str, Any]] = []
+    with LLMServer(latency=(0.010, 0.030), rpm=REQUESTS, tpm=TOKENS,
+                   window_seconds=WINDOW) as server:
+        for label in engines:
+            out.append({"run": f"hand loop, max_retries=5 (before {label})", "rows": rows,
+                        **run_loop(server, texts)})
+            out.append({"run": f"ours: {label}, limits declared", "rows": rows,
+                        **run_ours(label, server, texts)})
+            print(out[-2], out[-1], sep="\n", flush=True)
+    return {
+        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
+                    "cpus": os.cpu_count(), "openai": openai.__version__,
+                    "loadavg_1min_before_after": [round(load_before, 2),
+                                                  round(os.getloadavg()[0], 2)]},
+        "workload": {"rows": rows, "latency_ms": [10, 30], "window_seconds": WINDOW,
+                     "requests_per_window": REQUESTS, "tokens_per_window": TOKENS,
+                     "concurrency": CONCURRENCY},
+        "rows": out,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000)
+    parser.add_argument("--engines", default="local,dask-processes,daft-native",
+                        help=f"comma-separated, from: {', '.join(SETUPS)}")
+    parser.add_argument("--name", default="paid_api", help="results/<name>.json")
+    args = parser.parse_args()
+    report = main(args.rows, [e for e in args.engines.split(",") if e])
+    print()
+    print_table(report["rows"], COLUMNS)
+    print(f"\nwrote {write_results(RESULTS, args.name, report)}")
