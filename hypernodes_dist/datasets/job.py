@@ -24,6 +24,7 @@ from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.sinks.arrow_types import ValueTypeError, misfits, to_array
 from hypernodes_dist.sinks.base import PartWriter
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, Committed
@@ -151,6 +152,8 @@ class PartTask:
         report.executed += batch.executed
         report.hits += batch.hits
         report.events.extend(batch.events)
+        for name, used in batch.usage_totals().items():
+            add_usage(report.usage.setdefault(name, {}), used)
 
     def _output_array(self, f: pa.Field, values: list[Any], offset: int,
                       errors: dict[int, BaseException]) -> pa.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hypernodes_dist.events import Event
+from hypernodes_dist.policies.usage import add_usage
 
 __all__ = ["PartReport"]
 
@@ -22,6 +23,7 @@ class PartReport:
     hits: int = 0
     events: list[Event] = field(default_factory=list)
     worker: str = ""
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)  # per node: calls, metered
 
     def add(self, other: PartReport) -> None:
         """Count ``other``'s rows in (its rows follow this report's)."""
@@ -30,4 +32,6 @@ class PartReport:
         self.executed += other.executed
         self.hits += other.hits
         self.events.extend(other.events)
+        for name, used in other.usage.items():
+            add_usage(self.usage.setdefault(name, {}), used)
         self.worker = self.worker or other.worker

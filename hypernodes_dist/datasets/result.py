@@ -28,9 +28,13 @@ _NODE = re.compile(r"^node '((?:[^']|'(?!: ))*)': (.*)$", re.DOTALL)
 class DatasetResult:
     """The output of a dataset map: ``path``, ``rows``, ``failed``, ``errors`` and readers."""
 
-    def __init__(self, out: ParquetDataset, session_id: str = "") -> None:
+    def __init__(self, out: ParquetDataset, session_id: str = "",
+                 usage: dict[str, dict[str, float]] | None = None) -> None:
         self._out = out
         self.session_id = session_id
+        self.usage: dict[str, dict[str, float]] = usage or {}
+        """Per node, what this run's calls metered, plus ``calls`` (like ``MapResult.usage``;
+        rows already in files from an earlier run count nothing)."""
         rows = failed = 0
         for n, bad in out.counts():
             rows += n

@@ -177,6 +177,8 @@ def run_dataset(
         engine.execute_dataset(job, collector.accept)
     finally:
         collector.close()
+        if settings.budget is not None:
+            settings.budget.close()
     return collector.result()
 
 
@@ -199,8 +201,8 @@ class DatasetCollector(Tally):
         self.out, self.session_id = out, session_id
 
     def accept(self, report: PartReport) -> None:
-        self.add(report.n, report.hits, report.failed, report.events)
+        self.add(report.n, report.hits, report.failed, report.events, report.usage)
         report.events = []
 
     def result(self) -> DatasetResult:
-        return DatasetResult(self.out, self.session_id)
+        return DatasetResult(self.out, self.session_id, self.usage)

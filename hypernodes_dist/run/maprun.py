@@ -11,7 +11,6 @@ from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from hypernodes_dist.plan import MISSING, Plan
 from hypernodes_dist.policies.budget import check_budget
-from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.results import GraphResult, MapResult
 from hypernodes_dist.run.progress import Tally
 
@@ -82,13 +81,10 @@ class MapCollector(Tally):
         super().__init__(callbacks, progress, job.n, f"map [{engine}]")
         self.job = job
         self.batches: list[BatchResult] = []
-        self.usage: dict[str, dict[str, float]] = {}  # node -> calls and metered quantities
 
     def accept(self, batch: BatchResult) -> None:
         self.batches.append(batch)
-        for name, usage in batch.usage_totals().items():
-            add_usage(self.usage.setdefault(name, {}), usage)
-        self.add(batch.n, batch.hits, len(batch.errors), batch.events)
+        self.add(batch.n, batch.hits, len(batch.errors), batch.events, batch.usage_totals())
         batch.events = []
 
     def result(self) -> MapResult:
