@@ -230,6 +230,20 @@ def _write(out: PartWriter, part: Part, start: int, tables: list[pa.Table],
     return total
 
 
+def _stop(pipe: PartPipeline, part: Part, table: pa.Table, done: PartReport, kept: int,
+          report: Callable[[PartReport], None]) -> None:
+    """End ``part`` after its first ``kept`` rows of this step: the rest has no file (a
+    rerun computes it); what the step's calls metered is reported all the same."""
+    done.n = kept
+    if kept:
+        pipe.add(part, table.slice(0, kept), done)
+    else:
+        report(done)
+    pipe.end(part)
+    for r in pipe.take():
+        report(r)
+
+
 def run_part(pipe: PartPipeline, part: Part, compute: Compute, steps: Steps,
              report: Callable[[PartReport], None]) -> None:
     """Rows ``part.start .. part.n`` of ``part`` in steps, handed to ``pipe``."""
@@ -240,6 +254,9 @@ def run_part(pipe: PartPipeline, part: Part, compute: Compute, steps: Steps,
         t0 = time.perf_counter()
         table, done = compute(a, b)
         steps.record(b - a, time.perf_counter() - t0)
+        if done.stopped_at is not None:  # a budget is spent: keep the rows before it
+            _stop(pipe, part, table, done, done.stopped_at - (part.offset + a), report)
+            return
         pipe.add(part, table, done)
         for r in pipe.take():
             report(r)

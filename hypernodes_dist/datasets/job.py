@@ -20,6 +20,7 @@ from hypernodes_dist.datasets.commit import COMMIT_SECONDS, Compute, run_parts
 from hypernodes_dist.datasets.parts import Part
 from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.datasets.source import Source
+from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
@@ -134,7 +135,11 @@ class PartTask:
         for i, exc in errors.items():
             texts[i] = error_text(exc)
         arrays[ERROR_COLUMN] = pa.array(texts, pa.string())
-        report.failed += len(errors)
+        refused = [i for i, exc in errors.items() if isinstance(exc, BudgetExceededError)]
+        if refused:  # not done: the part stops before the first (``commit.run_part``)
+            first = min(refused)
+            report.stopped_at, report.stop = offset + first, errors[first]
+        report.failed += sum(1 for i in errors if not refused or i < min(refused))
         return arrays
 
     def _collect(self, batch: BatchResult, a: int, outputs: dict[str, list[Any]],

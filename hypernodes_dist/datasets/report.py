@@ -24,6 +24,10 @@ class PartReport:
     events: list[Event] = field(default_factory=list)
     worker: str = ""
     usage: dict[str, dict[str, float]] = field(default_factory=dict)  # per node: calls, metered
+    # the map's budget refused the row at this source position: it and the rows after it in
+    # its part are not written (a rerun computes them); ``stop`` is the error
+    stopped_at: int | None = None
+    stop: BaseException | None = None
 
     def add(self, other: PartReport) -> None:
         """Count ``other``'s rows in (its rows follow this report's)."""
@@ -32,6 +36,9 @@ class PartReport:
         self.executed += other.executed
         self.hits += other.hits
         self.events.extend(other.events)
+        if other.stopped_at is not None and (self.stopped_at is None
+                                             or other.stopped_at < self.stopped_at):
+            self.stopped_at, self.stop = other.stopped_at, other.stop
         for name, used in other.usage.items():
             add_usage(self.usage.setdefault(name, {}), used)
         self.worker = self.worker or other.worker

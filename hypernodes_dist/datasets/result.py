@@ -29,7 +29,8 @@ class DatasetResult:
     """The output of a dataset map: ``path``, ``rows``, ``failed``, ``errors`` and readers."""
 
     def __init__(self, out: ParquetDataset, session_id: str = "",
-                 usage: dict[str, dict[str, float]] | None = None) -> None:
+                 usage: dict[str, dict[str, float]] | None = None,
+                 total: int | None = None) -> None:
         self._out = out
         self.session_id = session_id
         self.usage: dict[str, dict[str, float]] = usage or {}
@@ -40,6 +41,8 @@ class DatasetResult:
             rows += n
             failed += bad
         self.rows: int = rows
+        self.unfinished: int = max(0, total - rows) if total is not None else 0
+        """Source rows with no output row: the ones a ``budget`` stopped (rerun to finish)."""
         self.failed: int = failed
         self._errors: pa.Table | None = None
         manifest = out.read_manifest()

@@ -205,4 +205,4 @@ class DatasetCollector(Tally):
         report.events = []
 
     def result(self) -> DatasetResult:
-        return DatasetResult(self.out, self.session_id, self.usage)
+        return DatasetResult(self.out, self.session_id, self.usage, self.total)

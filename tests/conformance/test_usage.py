@@ -99,6 +99,24 @@ def test_budget_under_raise_keeps_what_finished(engine, logs, tmp_path):
     assert rest.usage["paid"]["calls"] == 12 - len(ran)  # the finished ones were kept
 
 
+def test_budget_of_a_dataset_map_stops_writing_then_a_rerun_finishes(engine, logs, tmp_path):
+    """With into=, rows the budget refused are not written: DatasetResult.unfinished counts
+    them and a rerun (larger budget) computes exactly those; with a cache every row is paid
+    for once, the rows in flight when the budget ran out included."""
+    xs = list(range(40))
+    g = Graph([U.paid], engine=engine, cache=DiskCache(tmp_path / "c"))
+    into = str(tmp_path / "out")
+    first = g.map({"x": xs, "log_dir": logs}, map_over="x", into=into, budget={"cost": 6},
+                  on_error="collect")
+    assert first.failed == 0 and 1 <= first.rows <= 7 and first.rows + first.unfinished == 40
+    assert 6 <= first.usage["paid"]["cost"] <= 7
+    rest = g.map({"x": xs, "log_dir": logs}, map_over="x", into=into, budget={"cost": 100})
+    assert rest.rows == 40 and rest.unfinished == 0 and rest.failed == 0
+    table = rest.to_arrow().sort_by("_hn_row")
+    assert table.column("paid").to_pylist() == xs
+    assert U.executions(logs, "paid") == xs
+
+
 @pytest.fixture(scope="module")
 def tight_server():
     """300 tokens per sliding second; 429 with retry-after past it."""
