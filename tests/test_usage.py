@@ -14,8 +14,12 @@ import hypernodes_dist
 from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist import Graph, meter, node
 from hypernodes_dist.errors import BudgetExceededError
+from hypernodes_dist.policies import limiter, remove_semaphores
+from hypernodes_dist.policies.aimd import RECOVER, backoff_for, rate_limited
 from hypernodes_dist.policies.retryafter import retry_after
 from hypernodes_dist.policies.usage import may_meter
+
+from .conformance import usage_graphs as U
 
 
 def test_meter_outside_a_node_call_raises_runtime_error():
@@ -175,3 +179,45 @@ def test_retry_after_forms():
     err.retry_after = 2  # type: ignore[attr-defined]
     assert retry_after(err) == 2.0
     assert retry_after(ValueError()) is None
+
+
+# ------------------------------------------------------------------ AIMD concurrency
+
+
+@pytest.fixture
+def own_limits(tmp_path, monkeypatch):
+    path = str(tmp_path / "limits")
+    monkeypatch.setenv("HYPERNODES_LIMITS_DIR", path)
+    yield path
+    remove_semaphores(path)
+
+
+def test_rate_limit_errors_halve_a_nodes_concurrency_and_successes_restore_it(own_limits):
+    slots = limiter("slots", "aimd-node", 8)
+    backoff = backoff_for(slots, 8)
+    assert backoff.refused() == 4  # 8 -> 4 calls at once
+    deadline = time.monotonic() + 10
+    while backoff.parking and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (backoff.parked, backoff.allowed, slots.sem.value()) == (4, 4, 4)
+    assert backoff.refused() == 0  # at most one cut per COOL seconds
+    for _ in range(RECOVER):
+        backoff.succeeded()
+    assert (backoff.parked, backoff.allowed, slots.sem.value()) == (3, 5, 5)  # one back
+
+
+def test_a_429_lowers_the_concurrency_of_the_node(one_per_second, own_limits):
+    seen = []
+
+    class CB:
+        def on_policy(self, event):
+            seen.append(event)
+
+    texts = [f"t{i}" for i in range(6)]
+    g = Graph([U.llm, U.told_to_wait], callbacks=[CB()])
+    res = g.map({"text": texts, "base_url": one_per_second.base_url}, map_over="text",
+                on_error="collect")
+    assert [r.status for r in res] == ["complete"] * 6
+    lowered = [e for e in seen if "concurrency lowered" in e.reason]
+    assert lowered and "to 2 of 4" in lowered[0].reason
+    assert rate_limited(openai.RateLimitError.__new__(openai.RateLimitError))

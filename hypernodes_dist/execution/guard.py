@@ -46,6 +46,7 @@ from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.events import PolicyEvent
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.policies.aimd import backoff_for, rate_limited
 from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.limits import limiter
 from hypernodes_dist.policies.retryafter import HoldOff, retry_after
@@ -122,6 +123,7 @@ class Guard:
         self.report = report
         p = self.policy
         self.slots = limiter("slots", p.node, p.concurrency) if p.concurrency else None
+        self.aimd = backoff_for(self.slots, p.concurrency) if self.slots else None
         self.rate = limiter("rate", p.node, *p.rate) if p.rate else None
         self.amounts = [(q, limiter("amounts", f"{p.node}:{q.quantity}", q.count * PACE, q.per))
                         for q in p.quantities]
@@ -165,8 +167,15 @@ class Guard:
         return max(wait, told)
 
     def _told_to_wait(self, exc: BaseException, item: int | None, attempt: int) -> float:
-        """The provider's Retry-After in ``exc`` (0.0: none), now a hold-off of the node."""
+        """The provider's Retry-After in ``exc`` (0.0: none), now a hold-off of the node; a
+        rate-limit error also halves the node's concurrency here for a while (``aimd``)."""
         told = retry_after(exc)
+        if self.aimd is not None and (told or rate_limited(exc)):
+            parked = self.aimd.refused()
+            if parked:
+                self._event("throttle", item, attempt, 0.0,
+                            f"rate limited: concurrency lowered to {self.aimd.allowed} of "
+                            f"{self.policy.concurrency} in this process")
         if not told:
             return 0.0
         self.holdoff.extend(told)
@@ -247,6 +256,8 @@ class Guard:
                 else:
                     value = await self._under_timeout(call, item, attempt)
                 timing.end = time.perf_counter()
+                if self.aimd is not None and self.aimd.parked:
+                    self.aimd.succeeded()
                 return value
             finally:
                 self._correct_amounts(reserved)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from itertools import starmap
+from itertools import repeat, starmap
 from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
@@ -295,19 +295,20 @@ class Fold:
         nodes.update((run_id, (
             run_id, "run", run_id, "", 0, "error" if i in errors else "complete", session,
             offset + i, None, "", -1, started, took, False, "", 0, 0.0, _err(errors.get(i)),
-            None, None, (), 0, 0)) for i, run_id in enumerate(runs))
+            None, None, (), 0, 0, None)) for i, run_id in enumerate(runs))
         edges.extend((mid, run_id, "map") for run_id in runs)
         self._count(mid, len(runs), len(errors))
         for part in ev.parts:
             name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
             node_type = "" if cached else part.node_type  # a hit has no start event
             times = ev.times(part)
-            for i, start, ms in zip(part.items, times[0], times[2]):
+            usage = part.usage or repeat(None)
+            for i, start, ms, used in zip(part.items, times[0], times[2], usage):
                 run_id = runs[i]
                 tid = f"{run_id}:{name}:0"
                 nodes[tid] = (tid, "node", run_id, name, 0, "complete", session, offset + i,
                               None, node_type, step, start, ms, cached, ev.worker, 1, 0.0, None,
-                              None, None, tags, 0, 0)  # values(TraceNode(...))
+                              None, None, tags, 0, 0, used or None)  # values(TraceNode(...))
                 edges.append((latest.get(run_id, run_id), tid, "seq"))
                 latest[run_id] = tid
 
