@@ -14,11 +14,10 @@ from typing import Any, Protocol
 
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine
-from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import END, HyperNode
 from hypernodes_dist.topology import Topology, analyze
 
-__all__ = ["Plan", "compile_plan", "MISSING"]  # MISSING: hypernodes_dist.missing's, named here too
+__all__ = ["Plan", "compile_plan"]
 
 
 class Plan:

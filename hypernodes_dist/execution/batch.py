@@ -25,11 +25,12 @@ from hypernodes_dist.events import RunEndEvent, RunStartEvent
 from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.flow import ItemFlow
-from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, Paused
 from hypernodes_dist.execution.runstate import RunContext, RunState
 from hypernodes_dist.execution.scheduler import Scheduler
 from hypernodes_dist.execution.syncio import run_sync
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.missing import MISSING
+from hypernodes_dist.plan import Plan
 
 __all__ = ["execute_batch", "run_batch"]
 
@@ -95,7 +96,7 @@ async def _per_item(
             result.errors[i] = error
         if state.pending_interrupt is not None:  # a nested graph's run (map rejects these)
             pending = state.pending_interrupt
-            result.paused[i] = (pending, state.pending_value if pending not in plan.by_name
+            result.paused[i] = Paused(pending, state.pending_value if pending not in plan.by_name
                                 else state.values.get(plan.by_name[pending].params[0]))
         for k, col in result.outputs.items():
             col[i] = state.values.get(k, MISSING) if k in state.produced else MISSING

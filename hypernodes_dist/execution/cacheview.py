@@ -16,7 +16,7 @@ from typing import Any
 
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.cache.keys import WriteBuffer
-from hypernodes_dist.plan import MISSING
+from hypernodes_dist.missing import MISSING
 
 __all__ = ["CacheView"]
 

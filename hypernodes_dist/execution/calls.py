@@ -27,8 +27,9 @@ from hypernodes_dist.execution.batching import call_column
 from hypernodes_dist.execution.context import PARENT, Parent
 from hypernodes_dist.execution.guard import Guard, timed_call
 from hypernodes_dist.execution.invoke import join_chunks
+from hypernodes_dist.execution.job import TimedSpan
+from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import HyperNode
-from hypernodes_dist.plan import MISSING
 from hypernodes_dist.policies.usage import NODE, Usage, add_usage, node_total
 
 __all__ = ["ColumnCalls", "Clock", "PERSIST_SLICE", "Persist"]
@@ -105,7 +106,7 @@ class ColumnCalls:
             self.timing[node.name] = (todo, clock)
         if node.nests:  # inner runs are children of the item's run (events, cache, session)
             fn, clock = self._nesting(fn, todo, clock), None
-        spans: list[list[Any]] | None = None
+        spans: list[TimedSpan] | None = None
         if clock is None:  # no per-call clock: spans of calls timed together (``_per_call``)
             spans = []
             self.times[node.name] = (todo, spans)
@@ -172,7 +173,7 @@ class ColumnCalls:
 
     def _map(self, node: HyperNode, fn: Callable[..., Any], its: list[Iterator[Any]],
              todo: Sequence[int], out: list[Any], clock: Clock | None = None,
-             spans: list[list[Any]] | None = None) -> list[Any]:
+             spans: list[TimedSpan] | None = None) -> list[Any]:
         """Call ``fn`` over the argument iterators into ``out``; a failing call marks its item
         and the loop resumes after it (C-level ``map``: no per-item Python overhead). Without
         a ``clock``, the calls are timed together as one span appended to ``spans``."""
@@ -188,7 +189,7 @@ class ColumnCalls:
                 self._record_failure(node, todo[len(out)], exc)
                 out.append(MISSING)
         if spans is not None and clock is None and len(out) > first:
-            spans.append([first, len(out), t0, time.perf_counter(), None])
+            spans.append(TimedSpan(first, len(out), t0, time.perf_counter()))
         return out
 
     async def _call_async(self, node: HyperNode, todo: Sequence[int], guard: Any = None,
@@ -200,7 +201,7 @@ class ColumnCalls:
         if plain and node.is_async and not node.streaming and len(todo) <= limit:
             t0 = time.perf_counter()
             results = await asyncio.gather(*map(_positional(node), *its), return_exceptions=True)
-            self.times[node.name] = (todo, [[0, len(todo), t0, time.perf_counter(), None]])
+            self.times[node.name] = (todo, [TimedSpan(0, len(todo), t0, time.perf_counter())])
             return self._gathered(node, todo, results)
         sem = asyncio.Semaphore(limit)
         params = node.params
@@ -285,7 +286,7 @@ PROBE = 8  # calls timed together before deciding whether a node's calls are tim
 SLOW_CALL = 20e-6  # from this call time on, a per-call clock reading costs < 2%
 
 
-def _per_call(spans: list[list[Any]], at: int) -> Clock | None:
+def _per_call(spans: list[TimedSpan], at: int) -> Clock | None:
     """A ``Clock`` for the calls after ``at`` when the first span shows slow calls (their
     history then has each call's own time), else ``None`` (trivial calls keep the C-level
     ``map`` with no reading per call; their history has their span's average)."""
@@ -295,14 +296,14 @@ def _per_call(spans: list[list[Any]], at: int) -> Clock | None:
     if (t1 - t0) / (last - first) < SLOW_CALL:
         return None
     clock = Clock()
-    spans.append([at, at, 0.0, 0.0, clock])
+    spans.append(TimedSpan(at, at, 0.0, 0.0, clock))
     return clock
 
 
-def _close(spans: list[list[Any]] | None, end: int) -> None:
+def _close(spans: list[TimedSpan] | None, end: int) -> None:
     """The per-call segment (if any) covers the calls up to ``end``."""
-    if spans and spans[-1][4] is not None:
-        spans[-1][1] = end
+    if spans and spans[-1].clock is not None:
+        spans[-1] = spans[-1]._replace(last=end)
 
 
 class Clock:

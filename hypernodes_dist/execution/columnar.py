@@ -25,10 +25,11 @@ from hypernodes_dist.execution.calls import Clock, ColumnCalls, Persist
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.guard import Guard
 from hypernodes_dist.execution.invoke import split_outputs
-from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
+from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk, TimedSpan
 from hypernodes_dist.execution.scheduler import decision_target
+from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import END, HyperNode
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import Usage
 
 __all__ = ["Columnar"]
@@ -85,8 +86,8 @@ class Columnar(ColumnCalls):
         self.input_ids: dict[str, list[str] | str] = {}
         self.events: list[NodeColumns | Event] = []  # the parts of this batch's BatchEvent
         self.timing: dict[str, tuple[Sequence[int], Clock]] = {}  # node -> (positions, times)
-        # node -> (positions, spans [first, last, start, end, Clock | None]): history times
-        self.times: dict[str, tuple[Sequence[int], list[list[Any]]]] = {}
+        # node -> (positions, spans of calls timed together): history times
+        self.times: dict[str, tuple[Sequence[int], list[TimedSpan]]] = {}
         self.guards: dict[str, Guard] = {}  # the guards of the nodes being called
         self.usage: dict[str, dict[int, Usage]] = {}  # node -> item -> what it metered
         self.calls: dict[str, int] = {}  # batch nodes: calls made (others: items that ran)
@@ -415,7 +416,7 @@ class Columnar(ColumnCalls):
         )
         times = dict(self.times)
         for name, (positions, clock) in self.timing.items():
-            times[name] = (positions, [[0, len(positions), 0.0, 0.0, clock]])
+            times[name] = (positions, [TimedSpan(0, len(positions), 0.0, 0.0, clock)])
         result.times, result.clock, result.started = times, self.clock, self.started
         result.node_outputs = {node.name: node.outputs for node in self.plan.nodes}
         result.usage, result.calls = self.usage, self.calls

@@ -33,9 +33,10 @@ from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import PARENT, worker_id
 from hypernodes_dist.execution.guard import WINDOW, timed_call
 from hypernodes_dist.execution.invoke import split_outputs
-from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk
+from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk, TimedSpan
+from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import HyperNode
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import NODE, node_total
 
 __all__ = ["ItemFlow", "drive"]
@@ -271,7 +272,7 @@ class ItemFlow(Columnar):
         for name, (positions, starts, ends) in self.ran.items():  # the items' history
             clock = Clock()
             clock.starts, clock.ends = starts, ends
-            self.times[name] = (positions, [[0, len(positions), 0.0, 0.0, clock]])
+            self.times[name] = (positions, [TimedSpan(0, len(positions), 0.0, 0.0, clock)])
         result = self._result()
         result.worker, result.run_prefix = worker_id(), self.settings.run_prefix
         return result

@@ -7,19 +7,39 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.events import Event
 from hypernodes_dist.execution.batching import fit_size
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.missing import MISSING
+from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.results import NodeExecution
 
-__all__ = ["MapJob", "Chunk", "BatchSettings", "BatchResult", "Sink", "NOT_RUN", "RAN", "HIT"]
+__all__ = ["MapJob", "Chunk", "BatchSettings", "BatchResult", "Sink", "NOT_RUN", "RAN", "HIT",
+           "TimedSpan", "Paused"]
 
 NOT_RUN, RAN, HIT = 0, 1, 2
+
+
+class TimedSpan(NamedTuple):
+    """Calls ``first .. last`` (positions in a node's call order) timed together from
+    ``start`` to ``end`` (``perf_counter``), or one by one by ``clock`` (``calls.Clock``)."""
+
+    first: int
+    last: int
+    start: float
+    end: float
+    clock: Any = None
+
+
+class Paused(NamedTuple):
+    """An item paused at an interrupt (a nested graph's run): its name and value."""
+
+    interrupt: str
+    value: Any
 
 
 @dataclass
@@ -75,12 +95,11 @@ class BatchResult:
     worker: str = ""
     run_prefix: str = ""
     # columnar: when each node's calls ran (``calls.py``), for the items' history
-    times: dict[str, tuple[Sequence[int], list[list[Any]]]] = field(default_factory=dict)
+    times: dict[str, tuple[Sequence[int], list[TimedSpan]]] = field(default_factory=dict)
     clock: float = 0.0  # wall-clock seconds = perf_counter reading + clock
     started: float = 0.0  # the batch's start (wall clock): when its cache hits were read
     node_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # per item: items paused at an interrupt -> (interrupt name, its value)
-    paused: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    paused: dict[int, Paused] = field(default_factory=dict)  # items paused at an interrupt
     # node -> local item (-1: the node's calls together) -> what it metered
     usage: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # batch nodes: function calls made
@@ -135,7 +154,7 @@ class BatchResult:
             return self.started, 0.0
         positions, spans = found
         k = self._position(name, positions, i)
-        for first, last, t0, t1, clock in spans:
+        for first, last, t0, t1, clock in spans:  # TimedSpan
             if first <= k < last:
                 if clock is not None:
                     start, end = clock.starts[k - first], clock.ends[k - first]

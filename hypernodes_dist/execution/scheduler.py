@@ -45,8 +45,9 @@ from hypernodes_dist.execution.invoke import call_node, split_outputs
 from hypernodes_dist.execution.runstate import RunContext, RunState
 from hypernodes_dist.execution.statesync import delta_ops
 from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import END, HyperNode
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import Metering
 from hypernodes_dist.results import NodeExecution
 

@@ -9,7 +9,8 @@ from hypernodes_dist.cache.base import Cache, prepare_cache
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.missing import MISSING
+from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.results import GraphResult, MapResult
 from hypernodes_dist.run.progress import Tally
