@@ -24,7 +24,8 @@ from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.missing import MISSING
+from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.sinks.arrow_types import ValueTypeError, misfits, to_array
 from hypernodes_dist.sinks.base import PartWriter

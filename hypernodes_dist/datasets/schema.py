@@ -20,7 +20,8 @@ import pyarrow as pa
 from hypernodes_dist.datasets.source import Source
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
-from hypernodes_dist.plan import MISSING, Plan
+from hypernodes_dist.missing import MISSING
+from hypernodes_dist.plan import Plan
 from hypernodes_dist.sinks.arrow_types import annotation_type, field_for, infer_type
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN
 
