@@ -23,7 +23,6 @@ Prints a table and writes ``benchmarks/results/paid_api.json``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
@@ -36,7 +35,7 @@ import openai
 from bench_realclient import SETUPS, PeakRSS
 
 from hypernodes_bench.llm_server import LLMServer, label_of
-from hypernodes_bench.tables import print_table, write_results
+from hypernodes_bench.tables import engines_cli
 from hypernodes_dist import Graph, meter, node, resource
 
 RESULTS = Path(__file__).parent / "results"
@@ -161,13 +160,5 @@ def main(rows: int, engines: list[str], undeclared: bool = True) -> dict[str, An
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=5_000)
-    parser.add_argument("--engines", default="local,dask-processes,daft-native",
-                        help=f"comma-separated, from: {', '.join(SETUPS)}")
-    parser.add_argument("--name", default="paid_api", help="results/<name>.json")
-    args = parser.parse_args()
-    report = main(args.rows, [e for e in args.engines.split(",") if e])
-    print()
-    print_table(report["rows"], COLUMNS)
-    print(f"\nwrote {write_results(RESULTS, args.name, report)}")
+    engines_cli(__doc__ or "", main, COLUMNS, RESULTS, "paid_api", 5_000,
+                ["local", "dask-processes", "daft-native"], list(SETUPS))

@@ -16,7 +16,6 @@ Prints a table and writes ``benchmarks/results/realclient.json``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import platform
@@ -30,7 +29,7 @@ from typing import Any
 import openai
 
 from hypernodes_bench.llm_server import LLMServer, label_of
-from hypernodes_bench.tables import print_table, write_results
+from hypernodes_bench.tables import engines_cli
 from hypernodes_dist import Graph, GraphEngine, node, resource
 
 RESULTS = Path(__file__).parent / "results"
@@ -196,13 +195,5 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4_000)
-    parser.add_argument("--engines", default=",".join(SETUPS),
-                        help=f"comma-separated, from: {', '.join(SETUPS)}")
-    parser.add_argument("--name", default="realclient", help="results/<name>.json")
-    args = parser.parse_args()
-    report = main(args.rows, [e for e in args.engines.split(",") if e])
-    print()
-    print_table(report["rows"], COLUMNS)
-    print(f"\nwrote {write_results(RESULTS, args.name, report)}")
+    engines_cli(__doc__ or "", main, COLUMNS, RESULTS, "realclient", 4_000, list(SETUPS),
+                list(SETUPS))

@@ -3,12 +3,13 @@ results file in ``benchmarks/results``."""
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["print_table", "write_results"]
+__all__ = ["print_table", "write_results", "engines_cli"]
 
 
 def print_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> None:
@@ -26,3 +27,20 @@ def write_results(folder: Path, name: str, report: dict[str, Any]) -> Path:
     path = folder / f"{name}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     return path
+
+
+def engines_cli(doc: str, main: Callable[[int, list[str]], dict[str, Any]],
+                columns: Sequence[str], folder: Path, name: str, rows: int,
+                engines: Sequence[str], choices: Sequence[str]) -> None:
+    """The command line of a benchmark over engines: ``--rows``, ``--engines``, ``--name``;
+    runs ``main(rows, engines)``, prints its ``rows`` as a table and writes the results."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--engines", default=",".join(engines),
+                        help=f"comma-separated, from: {', '.join(choices)}")
+    parser.add_argument("--name", default=name, help="results/<name>.json")
+    args = parser.parse_args()
+    report = main(args.rows, [e for e in args.engines.split(",") if e])
+    print()
+    print_table(report["rows"], columns)
+    print(f"\nwrote {write_results(folder, args.name, report)}")
