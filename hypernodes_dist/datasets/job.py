@@ -29,7 +29,7 @@ from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.sinks.arrow_types import ValueTypeError, misfits, to_array
 from hypernodes_dist.sinks.base import PartWriter
-from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, Committed
+from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, USAGE_COLUMN, Committed
 
 if TYPE_CHECKING:
     from hypernodes_dist.datasets.schema import Head
@@ -155,6 +155,12 @@ class PartTask:
                 col.extend(got)
         for i, exc in batch.errors.items():
             errors[a + i] = exc
+        metered = outputs.get(USAGE_COLUMN)
+        if metered is not None:  # the row's usage: what its nodes' calls metered, summed
+            for per_item in batch.usage.values():
+                for i, used in per_item.items():
+                    if i >= 0:
+                        metered[a + i] = add_usage(dict(metered[a + i] or {}), used)
         report.executed += batch.executed
         report.hits += batch.hits
         report.events.extend(batch.events)

@@ -23,7 +23,7 @@ from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.sinks.arrow_types import annotation_type, field_for, infer_type
-from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN
+from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, USAGE_COLUMN, USAGE_TYPE
 
 __all__ = ["output_schema", "Head", "PROBE_ROWS"]
 
@@ -69,6 +69,8 @@ def output_schema(plan: Plan, source: Source, mapping: dict[str, str], keep: Seq
     fields += [field_for(o, decided[o]) for o in outputs]
     fields += [pa.field(ROW_COLUMN, pa.int64(), nullable=False),
                pa.field(ERROR_COLUMN, pa.string())]
+    if any(node.meters for node in plan.nodes):  # what each row cost, beside its outputs
+        fields.append(pa.field(USAGE_COLUMN, USAGE_TYPE))
     return pa.schema(fields), head
 
 

@@ -27,12 +27,15 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["ParquetDataset", "Committed", "MANIFEST", "ERROR_COLUMN", "ROW_COLUMN"]
+__all__ = ["ParquetDataset", "Committed", "MANIFEST", "ERROR_COLUMN", "ROW_COLUMN",
+           "USAGE_COLUMN", "USAGE_TYPE"]
 
 MANIFEST = "_hn_manifest.json"
 INPUT_DIGEST = "_hn_input-"  # + part index: the digest of a streamed part's rows
 ROW_COLUMN = "_hn_row"
 ERROR_COLUMN = "_hn_error"
+USAGE_COLUMN = "_hn_usage"  # what the row's calls metered (graphs with nodes that meter)
+USAGE_TYPE = pa.map_(pa.string(), pa.float64())
 _PART = re.compile(r"^part-(\d+)(?:-(\d+)-(\d+))?\.parquet$")
 
 

@@ -99,6 +99,19 @@ def test_budget_under_raise_keeps_what_finished(engine, logs, tmp_path):
     assert rest.usage["paid"]["calls"] == 12 - len(ran)  # the finished ones were kept
 
 
+def test_each_row_of_a_dataset_map_records_what_it_cost(engine, logs, tmp_path):
+    """``_hn_usage`` beside the outputs: the row's metered quantities, summed over its nodes;
+    DatasetResult.usage has the per-node totals."""
+    g = Graph([U.priced, U.summed, U.free], engine=engine)
+    res = g.map({"x": XS, "log_dir": logs}, map_over="x", into=str(tmp_path / "out"))
+    table = res.to_arrow().sort_by("_hn_row")
+    usage = [dict(row) for row in table.column("_hn_usage").to_pylist()]
+    assert usage == [{"tokens": x + 1, "cost": pytest.approx(x / 100)} for x in XS]
+    assert res.usage["priced"] == {"calls": 20, "tokens": sum(XS),
+                                   "cost": pytest.approx(sum(XS) / 100)}
+    assert res.usage["free"] == {"calls": 20}
+
+
 def test_budget_of_a_dataset_map_stops_writing_then_a_rerun_finishes(engine, logs, tmp_path):
     """With into=, rows the budget refused are not written: DatasetResult.unfinished counts
     them and a rerun (larger budget) computes exactly those; with a cache every row is paid
