@@ -112,6 +112,28 @@ async def _sleep(seconds: float, blocking: bool, in_slot: bool = False) -> None:
         await window.acquire()
 
 
+class _Units:
+    """A call's concurrency: this process's AIMD gate (``policies/aimd.py``), then the shared
+    limit's unit; released the other way round."""
+
+    __slots__ = ("gate", "shared")
+
+    def __init__(self, gate: Any, shared: Any) -> None:
+        self.gate, self.shared = gate, shared
+
+    async def acquire(self, blocking: bool) -> float:
+        waited = await self.gate.acquire(blocking)
+        try:
+            return waited + await self.shared.acquire(blocking)
+        except BaseException:
+            self.gate.release()
+            raise
+
+    def release(self) -> None:
+        self.shared.release()
+        self.gate.release()
+
+
 class Guard:
     """Applies one node's policy to its calls. ``report(event)`` receives each
     ``PolicyEvent`` (the caller fills in the run ids)."""
@@ -122,8 +144,9 @@ class Guard:
         self.policy: Policy = node.policy or Policy(node.name)
         self.report = report
         p = self.policy
-        self.slots = limiter("slots", p.node, p.concurrency) if p.concurrency else None
-        self.aimd = backoff_for(self.slots, p.concurrency) if self.slots else None
+        self.aimd = backoff_for(p.node, p.concurrency) if p.concurrency else None
+        self.slots = _Units(self.aimd.slots, limiter("slots", p.node, p.concurrency)
+                            ) if self.aimd is not None else None
         self.rate = limiter("rate", p.node, *p.rate) if p.rate else None
         self.amounts = [(q, limiter("amounts", f"{p.node}:{q.quantity}", q.count * PACE, q.per))
                         for q in p.quantities]
@@ -171,8 +194,7 @@ class Guard:
         rate-limit error also halves the node's concurrency here for a while (``aimd``)."""
         told = retry_after(exc)
         if self.aimd is not None and (told or rate_limited(exc)):
-            parked = self.aimd.refused()
-            if parked:
+            if self.aimd.refused():
                 self._event("throttle", item, attempt, 0.0,
                             f"rate limited: concurrency lowered to {self.aimd.allowed} of "
                             f"{self.policy.concurrency} in this process")
@@ -256,7 +278,7 @@ class Guard:
                 else:
                     value = await self._under_timeout(call, item, attempt)
                 timing.end = time.perf_counter()
-                if self.aimd is not None and self.aimd.parked:
+                if self.aimd is not None:
                     self.aimd.succeeded()
                 return value
             finally:

@@ -1,25 +1,27 @@
 """A node's concurrency that backs off on rate-limit errors and recovers (AIMD).
 
-A node with ``concurrency=N`` calls through a shared limit of N units (``limits.Slots``).
-When a call is refused for its rate (HTTP 429, a ``RateLimitError``, a ``Retry-After``), this
-process *parks* units of that limit: it holds them without calling, halving the calls it
-lets run (multiplicative decrease, at most once per ``COOL`` seconds, never below one). Each
-``RECOVER`` successful calls in a row give one parked unit back (additive increase). Parked
-units are held like a call's, so on a shared backend every process of the machine (or of
-the cluster) sees the lower concurrency; a process that ends gives them back (the kernel's
-``SEM_UNDO``, a lease's expiry).
+A node with ``concurrency=N`` calls through a shared limit of N units (every process of the
+machine, or of the cluster). In front of it each process keeps its own gate (``Backoff``),
+N wide at first. When a call is refused for its rate (HTTP 429, a ``RateLimitError``, a
+``Retry-After``), the gate halves (multiplicative decrease, at most once per ``COOL``
+seconds, never below one); each ``RECOVER`` successful calls in a row widen it by one
+(additive increase) back to N. The gate is the process's own, so a process always keeps at
+least one call going: processes that back off together can never hold the shared limit's
+units among them and starve each other.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from typing import Any
 
-__all__ = ["Backoff", "backoff_for", "rate_limited"]
+from hypernodes_dist.policies.limits import Slots
+
+__all__ = ["Backoff", "backoff_for", "rate_limited", "Gate"]
 
 COOL = 1.0  # seconds between two decreases
-RECOVER = 16  # successful calls that give one parked unit back
+RECOVER = 16  # successful calls in a row that widen the gate by one
 
 
 def rate_limited(exc: BaseException) -> bool:
@@ -29,74 +31,90 @@ def rate_limited(exc: BaseException) -> bool:
     return status == 429 or "RateLimit" in type(exc).__name__
 
 
-class Backoff:
-    """The parked units of one node's concurrency limit in this process."""
+class Gate:
+    """Units of this process only, whose number can change (a ``Slots`` backend)."""
 
-    def __init__(self, slots: Any, n: int) -> None:
-        self.slots, self.n = slots, n
+    def __init__(self, n: int) -> None:
+        self.width, self.used = n, 0
+        self.changed = threading.Condition()
+
+    def try_take(self) -> bool:
+        with self.changed:
+            if self.used < self.width:
+                self.used += 1
+                return True
+            return False
+
+    def take(self) -> None:
+        with self.changed:
+            while self.used >= self.width:
+                self.changed.wait()
+            self.used += 1
+
+    def give(self) -> None:
+        with self.changed:
+            self.used -= 1
+            self.changed.notify()
+
+    def resize(self, width: int) -> None:
+        with self.changed:
+            self.width = width
+            self.changed.notify_all()
+
+
+class Backoff:
+    """One node's gate in this process: ``slots`` (acquire/release like any limit)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.gate = Gate(n)
+        self.slots = Slots(self.gate)
         self.lock = threading.Lock()
-        self.parked = self.parking = 0
         self.successes = 0
         self.cut_at = -COOL
 
     @property
     def allowed(self) -> int:
         """Calls this process lets run at once now."""
-        return self.n - self.parked - self.parking
+        return self.gate.width
 
-    def refused(self) -> int:
-        """A call was refused for its rate: park half of what runs; returns units parked."""
+    def refused(self) -> bool:
+        """A call was refused for its rate: halve the gate; whether it narrowed."""
         with self.lock:
             now = time.monotonic()
-            if now - self.cut_at < COOL or self.allowed <= 1:
-                return 0
+            if now - self.cut_at < COOL or self.gate.width <= 1:
+                return False
             self.cut_at, self.successes = now, 0
-            more = self.allowed - max(1, self.allowed // 2)
-            self.parking += more
-        threading.Thread(target=self._park, args=(more,), daemon=True,
-                         name="hn-aimd-park").start()
-        return more
-
-    def _park(self, count: int) -> None:
-        for _ in range(count):
-            _drive(self.slots.acquire(True))  # a blocking wait: never suspends
-            with self.lock:
-                self.parking -= 1
-                self.parked += 1
-
-    def succeeded(self) -> bool:
-        """A call succeeded; True when it gave a parked unit back."""
-        with self.lock:
-            if not self.parked:
-                return False
-            self.successes += 1
-            if self.successes < RECOVER:
-                return False
-            self.successes = 0
-            self.parked -= 1
-        self.slots.release()
+            self.gate.resize(max(1, self.gate.width // 2))
         return True
 
+    def succeeded(self) -> None:
+        """A call succeeded: after ``RECOVER`` in a row, widen the gate by one."""
+        if self.gate.width >= self.n:
+            return
+        with self.lock:
+            self.successes += 1
+            if self.successes >= RECOVER:
+                self.successes = 0
+                self.gate.resize(min(self.n, self.gate.width + 1))
 
-def _drive(coro: Any) -> None:
-    try:
-        coro.send(None)
-    except StopIteration:
-        return
-    coro.close()
-    raise RuntimeError("a blocking limit wait suspended")
 
-
-_BACKOFFS: dict[int, Backoff] = {}
+_BACKOFFS: dict[tuple[str, int], Backoff] = {}
 _LOCK = threading.Lock()
 
 
-def backoff_for(slots: Any, n: int) -> Backoff:
-    """This process's ``Backoff`` of the concurrency limit ``slots`` (one per limit)."""
-    found = _BACKOFFS.get(id(slots))
-    if found is None or found.slots is not slots:
+def backoff_for(node: str, n: int) -> Backoff:
+    """This process's ``Backoff`` of node ``node`` with ``concurrency=n``."""
+    found = _BACKOFFS.get((node, n))
+    if found is None:
         with _LOCK:
-            found = _BACKOFFS.get(id(slots))
-            if found is None or found.slots is not slots:
-                found = _BACKOFFS[id(slots)] = Backoff(slots, n)
+            found = _BACKOFFS.setdefault((node, n), Backoff(n))
     return found
+
+
+def _forget_in_child() -> None:
+    _BACKOFFS.clear()
+
+
+if hasattr(os, "register_at_fork"):  # a forked child's gates start anew (no calls of its own)
+    os.register_at_fork(after_in_child=_forget_in_child)
