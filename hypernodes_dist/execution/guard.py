@@ -229,8 +229,6 @@ class Guard:
         if usage:
             self.usage[item] = usage
             observed(self.policy.node, usage)
-            if self.budget is not None:
-                self.budget.spend(usage)
 
     async def _attempts(self, call: Call, item: int | None, blocking: bool,
                         failed: Exception | None, timing: Attempts) -> Any:
@@ -266,6 +264,7 @@ class Guard:
                     self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
                     await _sleep(wait, blocking, in_slot=True)
             reserved = await self._reserve_amounts(item, attempt, blocking, timing)
+            before = dict(_current_usage()) if self.budget is not None else None
             try:
                 if self.budget is not None:  # last: a call that waited may find it spent
                     self.budget.check(p.node, quantities_of(p.node), item)
@@ -281,8 +280,10 @@ class Guard:
                 if self.aimd is not None:
                     self.aimd.succeeded()
                 return value
-            finally:
+            finally:  # still holding the slot: the next call sees what this one spent
                 self._correct_amounts(reserved)
+                if before is not None:
+                    self._spend(before)
         finally:
             if held is not None:
                 held.release()
@@ -313,6 +314,13 @@ class Guard:
                 self._event("throttle", item, attempt, wait, f"rate_limit {q.text}")
                 await _sleep(wait, blocking, in_slot=True)
         return reserved
+
+    def _spend(self, before: Usage) -> None:
+        """Add what this attempt metered (the usage now, less ``before``) to the budget."""
+        usage = _current_usage()
+        spent = {q: v - before.get(q, 0.0) for q, v in usage.items() if v != before.get(q)}
+        if spent and self.budget is not None:
+            self.budget.spend(spent)
 
     def _correct_amounts(self, reserved: list[Any]) -> None:
         """Give back (or take) the difference between what was reserved and metered."""
