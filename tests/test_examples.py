@@ -1,0 +1,22 @@
+"""The README's runnable examples run as users run them (a subprocess, no network)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_budget_demo_stops_then_a_rerun_pays_only_for_the_rest(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "budget.py"), "--rows", "150",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=240,
+                         check=True).stdout
+    first = re.search(r"first map:\s+(\d+) rows written, (\d+) left .*\((\d+) calls\)", out)
+    second = re.search(r"second map: (\d+) rows in all, 0 left; .*\((\d+) calls\)", out)
+    assert first and second, out
+    written, left, calls = map(int, first.groups())
+    assert written + left == 150 and 0 < left and calls >= written
+    assert int(second.group(1)) == 150 and int(second.group(2)) == 150 - calls  # no row twice
