@@ -79,11 +79,7 @@ def test_imports_only_go_down_the_table() -> None:
 
 
 # Loops known and being removed, each with the way out; one removed must leave this list.
-PENDING_LOOPS = {
-    # hypernodes_dask/datasets.py names DaskEngine under TYPE_CHECKING for its parameters;
-    # folded into shipping.py it takes what it uses (processes, client, workers) instead
-    frozenset({"hypernodes_dask.engine", "hypernodes_dask.datasets"}),
-}
+PENDING_LOOPS: set[frozenset[str]] = set()
 
 
 def test_no_import_cycles() -> None:

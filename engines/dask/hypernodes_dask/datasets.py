@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dask.task_spec import DataNode, Task, TaskRef
 
@@ -28,16 +28,27 @@ from hypernodes_dist.datasets.parts import PandasReader
 from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import NodeError
 
+from .cluster import ProcessPool
 from .local import compute_local
 from .shipping import InFlight, Shipment, on_cluster, on_processes, pickled, run_there
-
-if TYPE_CHECKING:
-    from .engine import DaskEngine
 
 __all__ = ["run_dataset_distributed", "run_dataset_local"]
 
 Report = Callable[[PartReport], None]
 PART_KEY = "hn-dataset-part"
+
+
+class DaskEngine(Protocol):
+    """What the dataset path uses of a ``DaskEngine`` (``engine.py`` passes itself)."""
+
+    scheduler: str
+    num_workers: int | None
+
+    @property
+    def processes(self) -> ProcessPool | None: ...
+    @property
+    def client(self) -> Any: ...
+    def workers(self) -> int: ...
 
 
 def _shipment(task: PartTask, where: str) -> Shipment:
