@@ -48,11 +48,13 @@ import math
 import os
 import uuid
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import daft
 from daft import DataType, col
 
+from hypernodes_dist.datasets.job import DatasetJob
+from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.kit import RemoteWorkers, flow_tasks, partition_size
 from hypernodes_dist.execution.batching import fit_size
@@ -142,7 +144,7 @@ class DaftEngine(Engine):
             close(token, stopped)
 
     # ------------------------------------------------------------------ datasets
-    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
+    def execute_dataset(self, job: DatasetJob, report: Callable[[PartReport], None]) -> None:
         """Native runner: one Daft query per part (``datasets.py``); Ray: one Ray task per
         part, which reads, computes and writes it (``on_ray.py``)."""
         self._ensure_runner()

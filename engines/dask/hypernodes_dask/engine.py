@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 
 from dask.task_spec import DataNode, Task, TaskRef
 
+from hypernodes_dist.datasets.job import DatasetJob
+from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.kit import RemoteWorkers, flow_tasks, partition_size
 from hypernodes_dist.errors import NodeError
@@ -181,7 +183,7 @@ class DaskEngine(Engine):
                 f"partition_size={self.partition_size}, num_workers={self.num_workers})")
 
     # ------------------------------------------------------------------ datasets
-    def execute_dataset(self, job: Any, report: Callable[[Any], None]) -> None:
+    def execute_dataset(self, job: DatasetJob, report: Callable[[PartReport], None]) -> None:
         """One task per part: it reads, computes and writes its part (``datasets.py``)."""
         if self.scheduler == "distributed":
             run_dataset_distributed(self, job, report)
