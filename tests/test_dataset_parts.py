@@ -38,12 +38,18 @@ def test_protocols_are_implemented():
     assert isinstance(daft_datasets.DaftWriter(out), PartWriter)
 
 
-def test_held_rows_are_written_by_time_while_the_part_is_still_running(tmp_path):
+def _begun(tmp_path, part: Part, commit_seconds: float) -> tuple[ParquetDataset, PartPipeline]:
+    """An ``into`` directory and a pipeline that has begun ``part``."""
     out = ParquetDataset(tmp_path)
     out.create()
-    part = Part(3, 300, 100, None)
-    pipe = PartPipeline(out, commit_seconds=0.2)
+    pipe = PartPipeline(out, commit_seconds=commit_seconds)
     pipe.begin(part)
+    return out, pipe
+
+
+def test_held_rows_are_written_by_time_while_the_part_is_still_running(tmp_path):
+    part = Part(3, 300, 100, None)
+    out, pipe = _begun(tmp_path, part, 0.2)
     pipe.add(part, _rows(300, 340), PartReport(3, 300, 40))
     # the part goes on (no end()): its first 40 rows get their own file by time
     _wait_for(lambda: out.committed().get(3) is not None, "no file after commit_seconds")
@@ -58,11 +64,8 @@ def test_held_rows_are_written_by_time_while_the_part_is_still_running(tmp_path)
 
 
 def test_a_fast_part_is_one_file(tmp_path):
-    out = ParquetDataset(tmp_path)
-    out.create()
     part = Part(0, 0, 10, None)
-    pipe = PartPipeline(out, commit_seconds=30)
-    pipe.begin(part)
+    out, pipe = _begun(tmp_path, part, 30)
     pipe.add(part, _rows(0, 4), PartReport(0, 0, 4))
     pipe.add(part, _rows(4, 10), PartReport(0, 4, 6))
     pipe.end(part)
