@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -71,6 +72,9 @@ Call = Callable[[], Awaitable[Any]]
 # jitter, and pacing at exactly its limit keeps every window at the edge (1% of requests
 # refused at 100%, measured by ``benchmarks/bench_paid_api.py``).
 PACE = 0.98
+# A retry told to wait by Retry-After waits up to this share longer, drawn at random: every
+# call refused in one burst is told the same time, and would all retry at once again.
+RETRY_AFTER_SPREAD = 0.25
 
 # The item window of the running flow (``execution/flow.py``): an item sleeping in back-off
 # gives its place back, so the items behind it keep the limits busy.
@@ -193,6 +197,8 @@ class Guard:
         """The provider's Retry-After in ``exc`` (0.0: none), now a hold-off of the node; a
         rate-limit error also halves the node's concurrency here for a while (``aimd``)."""
         told = retry_after(exc)
+        if told:  # at least that long; spread so the calls told the same do not collide again
+            told *= 1 + random.random() * RETRY_AFTER_SPREAD
         if self.aimd is not None and (told or rate_limited(exc)):
             if self.aimd.refused():
                 self._event("throttle", item, attempt, 0.0,

@@ -73,7 +73,7 @@ async def tokens_limited(text: str, llm) -> str:
     return r.choices[0].message.content
 
 
-@node(output_name="label", retries=8, retry_on=openai.RateLimitError, concurrency=4)
+@node(output_name="label", retries=12, retry_on=openai.RateLimitError, concurrency=4)
 async def told_to_wait(text: str, llm) -> str:
     """No back-off of its own: only the server's Retry-After spaces its retries."""
     r = await llm.chat.completions.create(
@@ -88,7 +88,7 @@ async def web(base_url: str):
     await client.aclose()
 
 
-@node(output_name="label", retries=8, retry_on=httpx.HTTPStatusError, concurrency=4)
+@node(output_name="label", retries=12, retry_on=httpx.HTTPStatusError, concurrency=4)
 async def told_to_wait_httpx(text: str, web) -> str:
     r = await web.post("/chat/completions", json={
         "model": "loopback", "messages": [{"role": "user", "content": text}]})
