@@ -120,22 +120,30 @@ class _Units:
     """A call's concurrency: this process's AIMD gate (``policies/aimd.py``), then the shared
     limit's unit; released the other way round."""
 
-    __slots__ = ("gate", "shared")
+    __slots__ = ("gate", "shared", "units")
 
     def __init__(self, gate: Any, shared: Any) -> None:
-        self.gate, self.shared = gate, shared
+        self.gate, self.shared = gate, shared  # gate: the ``Slots`` over ``aimd.Gate``
+        self.units = gate.sem
 
     async def acquire(self, blocking: bool) -> float:
-        waited = await self.gate.acquire(blocking)
+        # a free place in the gate is taken at once; a full gate queues (FIFO, no polling)
+        waited = 0.0 if self.units.try_take() else await self.gate.acquire(blocking)
         try:
             return waited + await self.shared.acquire(blocking)
         except BaseException:
-            self.gate.release()
+            self.release_gate()
             raise
+
+    def release_gate(self) -> None:
+        if self.gate.waiters:
+            self.gate.release()  # straight to the first waiting call
+        else:  # a call queueing meanwhile is woken by the gate's own lease thread
+            self.units.give()
 
     def release(self) -> None:
         self.shared.release()
-        self.gate.release()
+        self.release_gate()
 
 
 class Guard:
@@ -254,7 +262,8 @@ class Guard:
     async def _attempt(self, call: Call, item: int | None, attempt: int, blocking: bool,
                        timing: Attempts) -> Any:
         """Hold-off -> concurrency slot -> rate-limit turns -> budget -> the call."""
-        await self._hold_off(item, attempt, blocking, timing)
+        if self.holdoff.until() > time.time():
+            await self._hold_off(item, attempt, blocking, timing)
         p, slots = self.policy, self.slots
         if slots is not None:
             waited = await slots.acquire(blocking)
@@ -269,7 +278,8 @@ class Guard:
                     timing.waited += wait
                     self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
                     await _sleep(wait, blocking, in_slot=True)
-            reserved = await self._reserve_amounts(item, attempt, blocking, timing)
+            reserved = (await self._reserve_amounts(item, attempt, blocking, timing)
+                        if self.amounts else None)
             before = dict(_current_usage()) if self.budget is not None else None
             try:
                 if self.budget is not None:  # last: a call that waited may find it spent
@@ -287,7 +297,8 @@ class Guard:
                     self.aimd.succeeded()
                 return value
             finally:  # still holding the slot: the next call sees what this one spent
-                self._correct_amounts(reserved)
+                if reserved:
+                    self._correct_amounts(reserved)
                 if before is not None:
                     self._spend(before)
         finally:

@@ -36,7 +36,7 @@ class Gate:
 
     def __init__(self, n: int) -> None:
         self.width, self.used = n, 0
-        self.changed = threading.Condition()
+        self.changed = threading.Condition(threading.Lock())
 
     def try_take(self) -> bool:
         with self.changed:
