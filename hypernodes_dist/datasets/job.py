@@ -136,11 +136,12 @@ class PartTask:
         for i, exc in errors.items():
             texts[i] = error_text(exc)
         arrays[ERROR_COLUMN] = pa.array(texts, pa.string())
-        refused = [i for i, exc in errors.items() if isinstance(exc, BudgetExceededError)]
-        if refused:  # not done: the part stops before the first (``commit.run_part``)
-            first = min(refused)
+        # a row the budget refused is not done: the part stops before it (``commit.run_part``)
+        first = min((i for i, exc in errors.items() if isinstance(exc, BudgetExceededError)),
+                    default=n)
+        if first < n:
             report.stopped_at, report.stop = offset + first, errors[first]
-        report.failed += sum(1 for i in errors if not refused or i < min(refused))
+        report.failed += sum(1 for i in errors if i < first)
         return arrays
 
     def _collect(self, batch: BatchResult, a: int, outputs: dict[str, list[Any]],

@@ -5,9 +5,10 @@ level (``Clock``) and handed to the cache in slices; async nodes run as one ``ga
 (at most ``settings.concurrency`` calls in flight). A node's ``Policy`` wraps its calls
 through a ``Guard``. ``ColumnCalls`` is mixed into ``Columnar``, whose state it reads:
 ``plan``, ``n``, ``values``, ``consts``, ``settings``, ``chunk``, ``events``, ``timing``,
-``times``, ``guards``, ``usage``, ``calls``. Without events a sync node's calls are timed in spans (one clock reading per
-span); a node whose first calls are slow (``SLOW_CALL``) gets a per-call clock for the rest,
-so map items' history shows real times at no cost on trivial nodes.
+``times``, ``guards``, ``usage``, ``calls``. Without events a sync node's calls are timed in
+spans (one clock reading per span); a node whose first calls are slow (``SLOW_CALL``) gets a
+per-call clock for the rest, so map items' history shows real times at no cost on trivial
+nodes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from hypernodes_dist.execution.invoke import join_chunks
 from hypernodes_dist.execution.job import TimedSpan
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import HyperNode
-from hypernodes_dist.policies.usage import NODE, Usage, add_usage, node_total
+from hypernodes_dist.policies.usage import NODE, NodeTotal, add_usage, node_total
 
 __all__ = ["ColumnCalls", "Clock", "PERSIST_SLICE", "Persist"]
 
@@ -74,7 +75,7 @@ class ColumnCalls:
             NODE.reset(token)
             self._harvest(node, total)
 
-    def _harvest(self, node: HyperNode, total: Usage) -> None:
+    def _harvest(self, node: HyperNode, total: NodeTotal) -> None:
         """Move what the node's guard metered per item (and the rest) into ``usage``."""
         guard = self.guards.pop(node.name, None)
         kept = self.usage.setdefault(node.name, {})
@@ -85,8 +86,8 @@ class ColumnCalls:
             guard.usage = {}
             if node.batch_size is not None:
                 self.calls[node.name] = self.calls.get(node.name, 0) + guard.calls
-        if len(total) > 1:  # metered outside a guarded call: the node's, not an item's
-            add_usage(kept.setdefault(-1, {}), total)
+        if total.usage:  # metered outside a guarded call: the node's, not an item's
+            add_usage(kept.setdefault(-1, {}), total.usage)
         if not kept:
             del self.usage[node.name]
 

@@ -47,10 +47,10 @@ from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.events import PolicyEvent
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
-from hypernodes_dist.policies.aimd import backoff_for, rate_limited
+from hypernodes_dist.policies.aimd import Backoff, backoff_for, rate_limited
 from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.limits import limiter
-from hypernodes_dist.policies.retryafter import HoldOff, retry_after
+from hypernodes_dist.policies.retryafter import holdoff_for, retry_after
 from hypernodes_dist.policies.spec import NodeTimeoutError, Policy, backoff_delay
 from hypernodes_dist.policies.stats import record
 from hypernodes_dist.policies.usage import (
@@ -120,11 +120,11 @@ class _Units:
     """A call's concurrency: this process's AIMD gate (``policies/aimd.py``), then the shared
     limit's unit; released the other way round."""
 
-    __slots__ = ("gate", "shared", "units")
+    __slots__ = ("gate", "units", "shared")
 
-    def __init__(self, gate: Any, shared: Any) -> None:
-        self.gate, self.shared = gate, shared  # gate: the ``Slots`` over ``aimd.Gate``
-        self.units = gate.sem
+    def __init__(self, backoff: Backoff, shared: Any) -> None:
+        self.gate, self.units = backoff.slots, backoff.gate  # its waiting calls, its places
+        self.shared = shared
 
     async def acquire(self, blocking: bool) -> float:
         # a free place in the gate is taken at once; a full gate queues (FIFO, no polling)
@@ -157,14 +157,14 @@ class Guard:
         self.report = report
         p = self.policy
         self.aimd = backoff_for(p.node, p.concurrency) if p.concurrency else None
-        self.slots = _Units(self.aimd.slots, limiter("slots", p.node, p.concurrency)
+        self.slots = _Units(self.aimd, limiter("slots", p.node, p.concurrency)
                             ) if self.aimd is not None else None
         self.rate = limiter("rate", p.node, *p.rate) if p.rate else None
         self.amounts = [(q, limiter("amounts", f"{p.node}:{q.quantity}", q.count * PACE, q.per))
                         for q in p.quantities]
         self.meters = bool(node.meters)
         self.budget = budget if self.meters else None
-        self.holdoff = HoldOff(p.node)
+        self.holdoff = holdoff_for(p.node)
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)
 
@@ -280,7 +280,7 @@ class Guard:
                     await _sleep(wait, blocking, in_slot=True)
             reserved = (await self._reserve_amounts(item, attempt, blocking, timing)
                         if self.amounts else None)
-            before = dict(_current_usage()) if self.budget is not None else None
+            before = dict(_current_usage()) if reserved or self.budget is not None else None
             try:
                 if self.budget is not None:  # last: a call that waited may find it spent
                     self.budget.check(p.node, quantities_of(p.node), item)
@@ -297,10 +297,8 @@ class Guard:
                     self.aimd.succeeded()
                 return value
             finally:  # still holding the slot: the next call sees what this one spent
-                if reserved:
-                    self._correct_amounts(reserved)
                 if before is not None:
-                    self._spend(before)
+                    self._settle(reserved, before)
         finally:
             if held is not None:
                 held.release()
@@ -317,35 +315,31 @@ class Guard:
             await _sleep(wait, blocking)
 
     async def _reserve_amounts(self, item: int | None, attempt: int, blocking: bool,
-                               timing: Attempts) -> list[tuple[Any, float, float]]:
+                               timing: Attempts) -> list[tuple[Any, float, str]]:
         """Reserve what this attempt is expected to meter of each limited quantity:
-        ``[(rate, expected, metered before)]`` for ``_correct_amounts``."""
+        ``[(rate, expected, quantity)]`` for ``_settle``."""
         reserved = []
-        usage = _current_usage()
         for q, rate in self.amounts:
             expected = estimate(self.policy.node, q.quantity)
             wait = rate.reserve(expected) - time.time()
-            reserved.append((rate, expected, usage.get(q.quantity, 0.0), q.quantity))
+            reserved.append((rate, expected, q.quantity))
             if wait > 0:
                 timing.waited += wait
                 self._event("throttle", item, attempt, wait, f"rate_limit {q.text}")
                 await _sleep(wait, blocking, in_slot=True)
         return reserved
 
-    def _spend(self, before: Usage) -> None:
-        """Add what this attempt metered (the usage now, less ``before``) to the budget."""
+    def _settle(self, reserved: list[tuple[Any, float, str]] | None, before: Usage) -> None:
+        """What this attempt metered (the usage now, less ``before``): each quantity rate
+        gives back (or takes) the difference from what it reserved; the budget spends it."""
         usage = _current_usage()
-        spent = {q: v - before.get(q, 0.0) for q, v in usage.items() if v != before.get(q)}
-        if spent and self.budget is not None:
-            self.budget.spend(spent)
-
-    def _correct_amounts(self, reserved: list[Any]) -> None:
-        """Give back (or take) the difference between what was reserved and metered."""
-        usage = _current_usage()
-        for rate, expected, before, quantity in reserved:
-            delta = usage.get(quantity, 0.0) - before - expected
+        metered = {q: v - before.get(q, 0.0) for q, v in usage.items() if v != before.get(q)}
+        for rate, expected, quantity in reserved or ():
+            delta = metered.get(quantity, 0.0) - expected
             if delta:
                 rate.reserve(delta)
+        if metered and self.budget is not None:
+            self.budget.spend(metered)
 
     async def _under_timeout(self, call: Call, item: int | None, attempt: int) -> Any:
         timeout = self.policy.timeout

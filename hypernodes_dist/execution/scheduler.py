@@ -217,7 +217,7 @@ class Scheduler:
         return value
 
     async def _compute(self, node: HyperNode, kwargs: dict[str, Any], step: int,
-                       key: str | None, timing: Attempts | None) -> Any:
+                       key: str | None, timing: Attempts) -> Any:
         view = self.view
         if key is None or not view.begin(key):
             value = await self._call(node, kwargs, step, timing)
@@ -248,7 +248,7 @@ class Scheduler:
         return keys.key(node, ids, self._token)
 
     async def _call(self, node: HyperNode, kwargs: dict[str, Any], step: int,
-                    timing: Attempts | None = None) -> Any:
+                    timing: Attempts) -> Any:
         emit = self.ctx.emit
         on_chunk = None
         if node.streaming and emit is not None:
@@ -275,7 +275,7 @@ class Scheduler:
         finally:
             if nested is not None:
                 PARENT.reset(nested)
-            if timing is not None and metering.usage:
+            if metering.usage:
                 timing.usage = metering.usage
         if node.streaming and emit is not None:
             emit(StreamingEndEvent(

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import email.utils
 import math
+import os
 import time
 from typing import Any
 
 from hypernodes_dist.policies.limits import limiter
 
-__all__ = ["retry_after", "HoldOff", "REFRESH", "MAX_WAIT"]
+__all__ = ["retry_after", "HoldOff", "holdoff_for", "REFRESH", "MAX_WAIT"]
 
 REFRESH = 0.1  # seconds a process trusts the hold-off it last read
 MAX_WAIT = 3600.0  # a Retry-After further out than this is taken as this
@@ -94,3 +95,20 @@ class HoldOff:
             return
         self.local_until = end
         self._shared().update(lambda old: max(float(old or 0.0), end))
+
+
+_HOLDOFFS: dict[str, HoldOff] = {}
+
+
+def holdoff_for(name: str) -> HoldOff:
+    """This process's ``HoldOff`` of node ``name`` (one per node: what it last read is
+    shared by every guard of the node, so a guard made per call reads the store at most
+    every ``REFRESH`` seconds too)."""
+    found = _HOLDOFFS.get(name)
+    if found is None:
+        found = _HOLDOFFS.setdefault(name, HoldOff(name))
+    return found
+
+
+if hasattr(os, "register_at_fork"):  # a forked child reads the store afresh
+    os.register_at_fork(after_in_child=_HOLDOFFS.clear)

@@ -17,16 +17,16 @@ import math
 import types
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["meter", "Usage", "Metering", "NODE", "CALL", "may_meter", "add_usage",
-           "metered_nodes", "estimate", "observed", "quantities_of", "node_total", "seen_metering"]
+__all__ = ["meter", "Usage", "Metering", "NODE", "CALL", "NodeTotal", "may_meter", "add_usage",
+           "estimate", "observed", "quantities_of", "node_total", "seen_metering"]
 
 Usage = dict[str, float]
 
 # The execution being metered (one per guarded call), and the fallback of a node's batch.
 CALL: ContextVar[Usage | None] = ContextVar("hn_usage_call", default=None)
-NODE: ContextVar[Usage | None] = ContextVar("hn_usage_node", default=None)
+NODE: ContextVar[NodeTotal | None] = ContextVar("hn_usage_node", default=None)
 _SEEN: set[str] = set()  # nodes found metering without being guarded
 
 
@@ -38,12 +38,13 @@ def meter(**quantities: float) -> None:
     ``map(budget={"cost": 5.0})`` count it. Raises ``RuntimeError`` outside a node call."""
     usage = CALL.get()
     if usage is None:
-        usage = NODE.get()
-        if usage is None:
+        total = NODE.get()
+        if total is None:
             raise RuntimeError(
                 "meter() was called outside a node call: call it inside the function of a "
                 "node that a run(), map() or iter() is executing")
-        _SEEN.add(usage.get("__node__", ""))  # type: ignore[arg-type]
+        _SEEN.add(total.name)
+        usage = total.usage
     for name, amount in quantities.items():
         if name == "calls" or name.startswith("_"):
             raise ValueError(f"meter({name}=...): 'calls' is counted by the engine and names "
@@ -71,25 +72,23 @@ class Metering:
         CALL.reset(self._token)
 
 
-def node_total(name: str) -> Usage:
+class NodeTotal(NamedTuple):
+    """What the calls of node ``name`` in one batch metered outside a guarded call."""
+
+    name: str
+    usage: Usage
+
+
+def node_total(name: str) -> NodeTotal:
     """A fresh fallback total for the calls of node ``name`` in one batch (see ``NODE``)."""
-    return {"__node__": name}  # type: ignore[dict-item]
+    return NodeTotal(name, {})
 
 
 def add_usage(into: dict[str, float], usage: Mapping[str, float]) -> dict[str, float]:
-    """``into`` += ``usage`` (quantity by quantity; keys starting with ``_`` skipped)."""
+    """``into`` += ``usage``, quantity by quantity; returns ``into``."""
     for name, amount in usage.items():
-        if not name.startswith("_"):
-            into[name] = into.get(name, 0) + amount
+        into[name] = into.get(name, 0) + amount
     return into
-
-
-def metered_nodes(totals: Iterable[tuple[str, Mapping[str, float]]]) -> dict[str, Usage]:
-    """``{node: summed usage}`` of ``(node, usage)`` pairs."""
-    out: dict[str, Usage] = {}
-    for name, usage in totals:
-        add_usage(out.setdefault(name, {}), usage)
-    return out
 
 
 def seen_metering(name: str) -> bool:
@@ -155,7 +154,7 @@ _QUANTITIES: dict[str, frozenset[str]] = {}  # node -> the quantities its calls 
 def estimate(node: str, quantity: str) -> float:
     """What one call of ``node`` is expected to meter of ``quantity`` (this process)."""
     found = _ESTIMATES.get((node, quantity))
-    return 0.0 if found is None else found.mean
+    return 0.0 if found is None else found.expected()
 
 
 def observed(node: str, usage: Mapping[str, float]) -> None:
