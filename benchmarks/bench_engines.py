@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any
 from bench_local import best_of
 
 from hypernodes_bench import workloads as W
+from hypernodes_bench.tables import machine
 from hypernodes_dist import Graph, GraphEngine
 
 RESULTS = Path(__file__).parent / "results"
@@ -164,11 +164,7 @@ def main(engines: list[str], sizes: list[int]) -> dict[str, Any]:
         finally:
             engine.close()
     return {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                    "cpus": os.cpu_count(),
-                    # other processes compete for the cores: read ratios with this in mind
-                    "loadavg_1min_before_after": [round(load_before, 2),
-                                                  round(os.getloadavg()[0], 2)]},
+        "machine": machine(load_before),
         "cpu_work_iterations": work,
         "rows": rows,
     }

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ import openai
 from bench_realclient import SETUPS, PeakRSS
 
 from hypernodes_bench.llm_server import LLMServer, label_of
-from hypernodes_bench.tables import engines_cli
+from hypernodes_bench.tables import engines_cli, machine
 from hypernodes_dist import Graph, meter, node, resource
 
 RESULTS = Path(__file__).parent / "results"
@@ -148,10 +146,7 @@ def main(rows: int, engines: list[str], undeclared: bool = True) -> dict[str, An
                             "rows": rows, **run_ours(label, server, texts, classify_undeclared)})
             print(*out[-3:], sep="\n", flush=True)
     return {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "openai": openai.__version__,
-                    "loadavg_1min_before_after": [round(load_before, 2),
-                                                  round(os.getloadavg()[0], 2)]},
+        "machine": machine(load_before, openai=openai.__version__),
         "workload": {"rows": rows, "latency_ms": [10, 30], "window_seconds": WINDOW,
                      "requests_per_window": REQUESTS, "tokens_per_window": TOKENS,
                      "concurrency": CONCURRENCY},

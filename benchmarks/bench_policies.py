@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import random
 import sys
 import time
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from hypernodes_bench.tables import print_table, write_results
+from hypernodes_bench.tables import machine, print_table, write_results
 from hypernodes_dist import END, Graph, GraphEngine, branch, gate, node
 
 RESULTS = Path(__file__).parent / "results"
@@ -245,10 +244,7 @@ def main(rows: int, engines: list[str], sizes: list[int], gate_rows: int) -> dic
             print(row, flush=True)
             out.append(row)
     return {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                    "cpus": os.cpu_count(),
-                    "loadavg_1min_before_after": [round(load_before, 2),
-                                                  round(os.getloadavg()[0], 2)]},
+        "machine": machine(load_before),
         "workload": {"rows": rows, "call_ms": [5, 20], "fail_once": 1 / FAIL_EVERY,
                      "retries": RETRIES, "backoff": BACKOFF, "concurrency": CONCURRENCY},
         "rows": out,

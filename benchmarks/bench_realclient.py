@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +27,7 @@ from typing import Any
 import openai
 
 from hypernodes_bench.llm_server import LLMServer, label_of
-from hypernodes_bench.tables import engines_cli
+from hypernodes_bench.tables import engines_cli, machine
 from hypernodes_dist import Graph, GraphEngine, node, resource
 
 RESULTS = Path(__file__).parent / "results"
@@ -180,10 +178,7 @@ def main(rows: int, engines: list[str]) -> dict[str, Any]:
                         "x_loop": round(row["seconds"] / loop["seconds"], 2)})
             print(out[-2], out[-1], sep="\n", flush=True)
     return {
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "openai": openai.__version__,
-                    "loadavg_1min_before_after": [round(load_before, 2),
-                                                  round(os.getloadavg()[0], 2)]},
+        "machine": machine(load_before, openai=openai.__version__),
         "workload": {"rows": rows, "latency_ms": [10, 30], "fail_rate": FAIL_RATE,
                      "retries": RETRIES, "concurrency": CONCURRENCY},
         "rows": out,

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["print_table", "write_results", "engines_cli"]
+__all__ = ["print_table", "write_results", "engines_cli", "machine"]
 
 
 def print_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> None:
@@ -44,3 +47,12 @@ def engines_cli(doc: str, main: Callable[[int, list[str]], dict[str, Any]],
     print()
     print_table(report["rows"], columns)
     print(f"\nwrote {write_results(folder, args.name, report)}")
+
+
+def machine(load_before: float, **extra: Any) -> dict[str, Any]:
+    """What a results file says of the machine: Python, platform, cpus, ``extra`` (e.g. a
+    client's version) and the 1-minute load average before and after the run (other
+    processes compete for the cores: read ratios with it in mind)."""
+    return {"python": sys.version.split()[0], "platform": platform.platform(),
+            "cpus": os.cpu_count(), **extra,
+            "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
