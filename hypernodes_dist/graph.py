@@ -295,7 +295,7 @@ class Graph:
             cache=self.cache, callbacks=self.callbacks, budget=budget)
         if into is not None or source is not None:
             # pyarrow (and pandas/dask/daft for their sources) load only for dataset maps
-            from hypernodes_dist.datasets import read_columns, run_dataset
+            from hypernodes_dist.run.datasetrun import read_columns, run_dataset
 
             if into is not None:
                 return run_dataset(

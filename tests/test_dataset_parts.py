@@ -13,7 +13,7 @@ from hypernodes_dist import Graph, GraphEngine, node
 from hypernodes_dist.datasets.commit import PartPipeline, Steps
 from hypernodes_dist.datasets.parts import Part
 from hypernodes_dist.datasets.report import PartReport
-from hypernodes_dist.datasets.run import DatasetCollector
+from hypernodes_dist.run.datasetrun import DatasetCollector
 from hypernodes_dist.sinks.base import PartWriter, ResultSink
 from hypernodes_dist.sinks.parquet import ParquetDataset
 

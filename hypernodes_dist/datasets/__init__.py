@@ -13,8 +13,7 @@ from hypernodes_dist.datasets.commit import run_parts
 from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask
 from hypernodes_dist.datasets.parts import Part
 from hypernodes_dist.datasets.result import DatasetResult
-from hypernodes_dist.datasets.run import read_columns, run_dataset
 from hypernodes_dist.datasets.source import Source, open_source
 
 __all__ = ["DatasetResult", "DatasetJob", "PartTask", "PartReport", "Part", "Source",
-           "open_source", "run_dataset", "read_columns", "run_parts"]
+           "open_source", "run_parts"]

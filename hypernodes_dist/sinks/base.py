@@ -4,7 +4,7 @@ Two sides, because a dataset map writes where it computes:
 
 - ``ResultSink`` lives in the driver: the engine hands it every report of a finished batch
   or part file (``accept``), in any order; ``result()`` builds what ``map`` returns. The
-  dataset (``into=``) collector (``datasets.run.DatasetCollector``) implements it.
+  dataset (``into=``) collector (``run.datasetrun.DatasetCollector``) implements it.
 - ``PartWriter`` lives wherever a part is computed (the driver, a Dask worker, a Daft
   thread, a Ray task): it makes each file of a part's rows appear complete or not at all,
   and says which rows of each part are in files already. ``sinks.parquet.ParquetDataset``
