@@ -210,9 +210,6 @@ class Graph:
             raise ValueError("resume=True needs a checkpointer: Graph(..., checkpointer=...)")
         return self.checkpointer.load_latest(session_id)
 
-    def _checkpoint_of(self, run: LocalRun) -> Checkpoint:
-        return run.checkpoint()
-
     # ------------------------------------------------------------------ nesting
     def as_node(
         self,

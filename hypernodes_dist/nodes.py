@@ -1,7 +1,9 @@
 """Node IR: ``@node``, ``@branch``, ``@gate``, ``END`` and ``InterruptNode``.
 
-A node is an immutable description of one step of a graph: its name, the parameters
-it reads (with their defaults), the names it writes, and how to call it. Edges between
+A node describes one step of a graph: its name, the parameters it reads (with their
+defaults), the names it writes, and how to call it. Building a ``Graph`` may complete that
+description (``resources.bind`` adds the resources a node receives to its identity);
+nothing changes it after that. Edges between
 nodes are never declared; the graph infers them from parameter and output names.
 """
 
@@ -57,6 +59,7 @@ class HyperNode:
 
     kind: NodeKind = "function"
     nests: bool = False  # runs a graph of its own (Graph.as_node)
+    inner_interrupts: tuple[HyperNode, ...] = ()  # a nested graph's interrupts (pause its runs)
 
     def __init__(
         self,
@@ -93,12 +96,6 @@ class HyperNode:
         self.resources: tuple[str, ...] = ()  # parameters bound to resources
         self.tags = tuple(tags)
         self.cache = cache
-        self.retries = retries
-        self.backoff = backoff
-        self.timeout = timeout
-        self.concurrency = concurrency
-        self.rate_limit = rate_limit
-        self.retry_on = retry_on
         self.version = version
         self.is_async = func is not None and (
             inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
@@ -131,6 +128,11 @@ class HyperNode:
     def targets(self) -> tuple[str, ...]:
         """Nodes this node activates (branch and gate only)."""
         return ()
+
+    @property
+    def can_end(self) -> bool:
+        """Whether this node may end the run (a gate with ``END`` among its choices)."""
+        return False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.func is None:
@@ -209,6 +211,10 @@ class GateNode(HyperNode):
     @property
     def targets(self) -> tuple[str, ...]:
         return tuple(c for c in self.choices if c is not END and c != END)
+
+    @property
+    def can_end(self) -> bool:
+        return END in self.choices
 
 
 class InterruptNode(HyperNode):

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine
-from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.topology import Topology, analyze
 
 __all__ = ["Plan", "compile_plan"]
@@ -44,14 +44,12 @@ class Plan:
         # its descendant): then every item meets them in plan order, as the scheduler runs
         # them, and END stops exactly the nodes after the gate (see ``_ends_in_order``)
         self.columnar = not topology.has_cycles and not any(  # nested interrupts pause runs
-            n.nests and n.inner.interrupts for n in self.nodes  # type: ignore[attr-defined]
+            n.inner_interrupts for n in self.nodes
         ) and all(
             n.kind in ("function", "branch", "gate") for n in self.nodes
-        ) and all(self._ends_in_order(i) for i, n in enumerate(self.nodes)
-                  if n.kind == "gate" and END in n.choices)  # type: ignore[attr-defined]
+        ) and all(self._ends_in_order(i) for i, n in enumerate(self.nodes) if n.can_end)
         # gates that can END decide once nothing else is ready (scheduler waves)
-        self.enders = sum(1 << i for i, n in enumerate(self.nodes)
-                          if n.kind == "gate" and END in n.choices)  # type: ignore[attr-defined]
+        self.enders = sum(1 << i for i, n in enumerate(self.nodes) if n.can_end)
         self.is_async = any(n.is_async or (n.streaming and not n.is_generator) for n in self.nodes)
         # flows: items walk the plan one by one (execution/flow.py), so one that waits
         # (async call, retry back-off, limit) holds back no other. Batch nodes do not make
@@ -61,9 +59,8 @@ class Plan:
             or (n.policy is not None and n.policy.waits)) for n in self.nodes)
         # interrupts of this graph and of its nested graphs (which pause this graph's runs)
         self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt") + tuple(
-            i for n in self.nodes if n.nests for i in n.inner.interrupts)  # type: ignore[attr-defined]
-        self.nested_in = {i.name: n.name for n in self.nodes if n.nests
-                          for i in n.inner.interrupts}  # type: ignore[attr-defined]
+            i for n in self.nodes for i in n.inner_interrupts)
+        self.nested_in = {i.name: n.name for n in self.nodes for i in n.inner_interrupts}
         self.graph_hash = _structure_hash(self.nodes)
         self._code_ids: dict[str, str] | None = None
 
@@ -91,9 +88,6 @@ class Plan:
 
     def cacheable(self, node: HyperNode) -> bool:
         return node.cache and node.kind != "interrupt" and node.func is not None
-
-    def consumers_of(self, name: str) -> tuple[HyperNode, ...]:
-        return tuple(n for n in self.nodes if name in n.params)
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()

@@ -58,7 +58,7 @@ def test_node_keywords():
     def f(x):
         return x, x
 
-    assert (f.name, f.outputs, f.tags, f.cache, f.retries, f.timeout) == (
+    assert (f.name, f.outputs, f.tags, f.cache, f.policy.retries, f.policy.timeout) == (
         "pair", ("a", "b"), ("t",), False, 2, 3
     )
 

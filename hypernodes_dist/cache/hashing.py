@@ -261,10 +261,6 @@ _RESOLVED: dict[type, _Enc] = {
 }
 
 
-def _tagged(tag: bytes, payload: Callable[[Any, list], bytes]) -> _Enc:
-    return lambda v, stack: xxh3_128_digest(tag + payload(v, stack))
-
-
 def _with_type(t: type, base: _Enc) -> _Enc:
     name = _qualname(t).encode()
     return lambda v, stack: xxh3_128_digest(b"@" + name + b"\0" + base(v, stack))

@@ -144,14 +144,6 @@ class ParquetSource(Source):
             yield Part(index, start, stop - start,
                        ParquetReader(_pieces(self.paths, spans, start, stop), self.filesystem))
 
-    def file_ranges(self) -> list[tuple[str, list[int], int]]:
-        """``(path, row group sizes, first row)`` of every file, in row order."""
-        out, first = [], 0
-        for path, rg in zip(self.paths, self.row_groups):
-            out.append((path, rg, first))
-            first += sum(rg)
-        return out
-
 
 def _file_spans(row_groups: list[list[int]]) -> list[tuple[int, int, int, int]]:
     spans, start = [], 0

@@ -56,6 +56,7 @@ class GraphNode(FunctionNode):
     def __init__(self, call: _NestedCall, **kwargs: Any) -> None:
         super().__init__(func=call, **kwargs)
         self.inner = call.plan
+        self.inner_interrupts = call.plan.interrupts
         self.map_over = call.map_over
         self.is_async = call.plan.is_async
 

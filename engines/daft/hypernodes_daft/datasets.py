@@ -23,7 +23,6 @@ runner, each part is one Ray task running ``PartTask.run`` (``on_ray.py``).
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import uuid
@@ -45,21 +44,11 @@ from hypernodes_dist.sinks.parquet import Committed, ParquetDataset
 from .udf import apply_udf, consecutive_runs
 from .uris import io_config
 
-__all__ = ["run_dataset_native", "part_rows"]
+__all__ = ["run_dataset_native"]
 
 ID = "__hn_id"
 _MAIL: dict[str, list[Any]] = {}
 _lock = threading.Lock()
-
-
-def part_rows(n: int | None, batch_size: int | None) -> int:
-    """Rows per part: a quarter of the rows, 10 000 .. 250 000 (a part's output is held
-    until its last file is written)."""
-    if batch_size is not None:
-        return batch_size
-    if not n:
-        return 250_000
-    return max(10_000, min(250_000, math.ceil(n / 4)))
 
 
 def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
