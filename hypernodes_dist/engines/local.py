@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.engines.drive import drive_chunks
 from hypernodes_dist.execution.batch import execute_batch, run_batch
 from hypernodes_dist.execution.batching import item_window
 from hypernodes_dist.execution.flow import ItemFlow, drive
@@ -59,16 +60,7 @@ class GraphEngine(Engine):
                     sink(execute_batch(job.plan, job.chunk(start, stop), job.settings, writes))
             return
         with ThreadPoolExecutor(self.max_workers, thread_name_prefix="hn-map") as pool:
-            futures = [
-                pool.submit(execute_batch, job.plan, job.chunk(a, b), job.settings)
-                for a, b in bounds
-            ]
-            try:
-                for f in futures:
-                    sink(f.result())
-            finally:
-                for f in futures:
-                    f.cancel()
+            drive_chunks(job, pool.submit, sink, self.batch_size)
 
     def execute_dataset(self, job: DatasetJob, report: Callable[[PartReport], None]) -> None:
         """Parts one after another through the core's part pipeline (steps sized by time,

@@ -11,12 +11,15 @@ from collections.abc import Callable
 from hypernodes_dist import GraphEngine
 from hypernodes_dist.engines.base import Engine
 
+from .tiny_engine import TinyEngine
+
 Factory = Callable[[], Engine]
 
 LOCAL: list[tuple[str, Factory]] = [
     ("local", GraphEngine),
     ("local-batch1", lambda: GraphEngine(batch_size=1)),
     ("local-parallel", lambda: GraphEngine(parallel_nodes=True, max_workers=3, batch_size=7)),
+    ("tiny", TinyEngine),  # an engine in a few lines (tiny_engine.py) passes every module
 ]
 
 

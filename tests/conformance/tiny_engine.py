@@ -3,16 +3,17 @@
 An engine only decides where the batches of a map run: here, on a few threads of this
 process, handed to ``sink`` as they finish (in any order, as the contract allows). The
 core does everything else (inputs, cache, events, errors, result order), so this passes
-the conformance suite's map tests (``test_tiny_engine.py``), like httpx's
-``MockTransport`` stands in for a transport.
+every module of the conformance suite (it is one of its engines, ``engines.py``), like
+httpx's ``MockTransport`` stands in for a transport. The loop (submit the chunks, hand
+results to ``sink``, cancel on error) is the core's ``drive_chunks``.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.execution.batch import execute_batch
+from hypernodes_dist.engines.drive import drive_chunks
 from hypernodes_dist.execution.job import MapJob, Sink
 
 
@@ -25,11 +26,4 @@ class TinyEngine(Engine):
 
     def execute_map(self, job: MapJob, sink: Sink) -> None:
         with ThreadPoolExecutor(self.max_workers) as pool:
-            futures = [pool.submit(execute_batch, job.plan, job.chunk(start, stop), job.settings)
-                       for start, stop in job.bounds(self.batch_size)]
-            try:
-                for future in as_completed(futures):
-                    sink(future.result())
-            finally:  # an error (on_error="raise") or an interrupt: the rest never starts
-                for future in futures:
-                    future.cancel()
+            drive_chunks(job, pool.submit, sink, self.batch_size)
