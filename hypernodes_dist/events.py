@@ -214,6 +214,11 @@ class BatchEvent(Event):
     worker: str = ""
     parts: list[NodeColumns | Event] = field(default_factory=list)
 
+    @property
+    def columns(self) -> list[NodeColumns]:
+        """The node executions among ``parts`` (a plain batch holds nothing else)."""
+        return [p for p in self.parts if isinstance(p, NodeColumns)]
+
     def expand(self) -> list[Event]:
         """The per-item events this batch stands for: run starts, executions, run ends."""
         session, prefix, offset = self.session_id, self.run_id, self.offset

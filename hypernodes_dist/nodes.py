@@ -59,7 +59,7 @@ class HyperNode:
 
     kind: NodeKind = "function"
     nests: bool = False  # runs a graph of its own (Graph.as_node)
-    inner_interrupts: tuple[HyperNode, ...] = ()  # a nested graph's interrupts (pause its runs)
+    inner_interrupts: tuple[InterruptNode, ...] = ()  # a nested graph's (they pause its runs)
 
     def __init__(
         self,
@@ -349,8 +349,10 @@ def node(
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionNode:
-        if isinstance(f, HyperNode):
-            f = f.func  # re-decorating a node re-wraps its function
+        if isinstance(f, HyperNode):  # re-decorating a node re-wraps its function
+            if f.func is None:
+                raise TypeError(f"@node cannot wrap {f.name!r}: it calls no function")
+            f = f.func
         node_name = name or _func_name(f)
         return _build(
             FunctionNode, f, node_name,

@@ -9,12 +9,12 @@ local engine runs (``hypernodes_dist.batch.execute_batch``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine
-from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.nodes import HyperNode, InterruptNode
 from hypernodes_dist.topology import Topology, analyze
 
 __all__ = ["Plan", "compile_plan"]
@@ -58,7 +58,7 @@ class Plan:
             n.is_async or (n.streaming and not n.is_generator)
             or (n.policy is not None and n.policy.waits)) for n in self.nodes)
         # interrupts of this graph and of its nested graphs (which pause this graph's runs)
-        self.interrupts = tuple(n for n in self.nodes if n.kind == "interrupt") + tuple(
+        self.interrupts = tuple(n for n in self.nodes if isinstance(n, InterruptNode)) + tuple(
             i for n in self.nodes for i in n.inner_interrupts)
         self.nested_in = {i.name: n.name for n in self.nodes for i in n.inner_interrupts}
         self.graph_hash = _structure_hash(self.nodes)
@@ -77,12 +77,13 @@ class Plan:
         """Code identity of every cacheable node (``every``: of every node with a function);
         computed once in the driver, then pickled with the plan."""
         if self._code_ids is None:
-            self._code_ids = {n.name: _code_id(n) for n in self.nodes if n.func is not None}
+            self._code_ids = {n.name: _code_id(n, n.code) for n in self.nodes
+                              if n.func is not None and n.code is not None}
         if every:
             return self._code_ids
         return {k: v for k, v in self._code_ids.items() if self.cacheable(self.by_name[k])}
 
-    def interrupt(self, name: str) -> HyperNode:
+    def interrupt(self, name: str) -> InterruptNode:
         """The interrupt node called ``name`` (of this graph or of a nested one)."""
         return next(i for i in self.interrupts if i.name == name)
 
@@ -105,9 +106,9 @@ def compile_plan(nodes: Sequence[HyperNode], max_iterations: int = 1000,
     return Plan(nodes, analyze(nodes), max_iterations, resources)
 
 
-def _code_id(node: HyperNode) -> str:
+def _code_id(node: HyperNode, code: Callable[..., Any]) -> str:
     """A node's code identity: its function (or ``version=``), and its resources'."""
-    ident = hash_code(node.code, node.version)
+    ident = hash_code(code, node.version)
     return combine(ident, *node.salt) if node.salt else ident
 
 

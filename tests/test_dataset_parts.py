@@ -123,3 +123,23 @@ def test_steps_grow_for_fast_rows_and_stay_small_for_slow_ones():
         n = slow.size(10**9)
         slow.record(n, 1.0 * n)  # 1 s per row
     assert slow.size(10**9) <= 8  # about commit_seconds / 4 of work
+
+
+def test_counts_read_files_written_without_statistics(tmp_path):
+    """A part file some other writer left without Parquet statistics is counted from its
+    error column; the other files still from their footers (none is dropped)."""
+    @node(output_name="y")
+    def check(x: int) -> int:
+        if x % 3 == 0:
+            raise ValueError(f"bad {x}")
+        return x
+
+    graph = Graph([check], engine=GraphEngine())
+    res = graph.map({"x": list(range(30))}, map_over="x", into=str(tmp_path / "out"),
+                    on_error="collect")
+    assert (res.rows, res.failed) == (30, 10)
+    files = ParquetDataset(str(tmp_path / "out")).part_files()
+    table = pq.read_table(files[0])
+    pq.write_table(table, files[0], write_statistics=False)
+    out = ParquetDataset(str(tmp_path / "out"))
+    assert [sum(c) for c in zip(*out.counts())] == [30, 10]

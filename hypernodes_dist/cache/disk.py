@@ -180,7 +180,7 @@ class _SQLiteStore:
             con = self._connect()
             if self.size_limit is None:
                 return int(con.execute(insert, row).lastrowid or 0)
-            evicted, files = Pruned(), []
+            evicted, files = Pruned(), list[str]()
             with _transaction(con):
                 (total,) = con.execute("SELECT nbytes FROM hn_total WHERE id = 0").fetchone()
                 if total + nbytes > self.size_limit:
@@ -260,7 +260,7 @@ class _SQLiteStore:
 
     def prune(self, older_than: float | None, max_bytes: int | None) -> Pruned:
         """Delete by age, then by recency down to ``max_bytes``; give the space back."""
-        removed, files = Pruned(), []
+        removed, files = Pruned(), list[str]()
         with self._lock:
             con = self._connect()
             with _transaction(con):
@@ -442,7 +442,7 @@ def _delete_where(con: sqlite3.Connection, where: str, args: tuple[Any, ...]
 def _evict_lru(con: sqlite3.Connection, total: int, target: int) -> tuple[Pruned, list[str]]:
     """Inside a write transaction: delete the least recently used segments until at most
     ``target`` bytes remain (``total``: the bytes now); what was removed, its files."""
-    removed, files = Pruned(), []
+    removed, files = Pruned(), list[str]()
     while total > target:
         rows = con.execute("SELECT id, entries, nbytes, file FROM hn_segments ORDER BY used, id "
                            "LIMIT 64").fetchall()

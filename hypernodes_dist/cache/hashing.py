@@ -115,7 +115,7 @@ def hash_value(value: object) -> str:
         except UnicodeEncodeError:
             return xxh3_128_hexdigest(_str_payload(value))  # type: ignore[arg-type]
     if t is int:
-        return xxh3_128_hexdigest(b"i%x" % value)  # type: ignore[operator]
+        return xxh3_128_hexdigest(b"i%x" % value)  # type: ignore[operator, str-format]  # an int
     enc = _SCALARS.get(t)
     if enc is not None:
         return xxh3_128_hexdigest(enc(value))
@@ -261,6 +261,10 @@ _RESOLVED: dict[type, _Enc] = {
 }
 
 
+def _scalar_enc(payload: Callable[[Any], bytes]) -> _Enc:
+    return lambda v, stack: xxh3_128_digest(payload(v))
+
+
 def _with_type(t: type, base: _Enc) -> _Enc:
     name = _qualname(t).encode()
     return lambda v, stack: xxh3_128_digest(b"@" + name + b"\0" + base(v, stack))
@@ -295,8 +299,7 @@ def _resolve(t: type) -> _Enc:
         return _cyclic(b"n" + name + b"\0", _seq)
     for base in _SCALARS:
         if issubclass(t, base):
-            bpay = _SCALARS[base]
-            return _with_type(t, lambda v, stack, bpay=bpay: xxh3_128_digest(bpay(v)))
+            return _with_type(t, _scalar_enc(_SCALARS[base]))
     for base in (list, tuple, set, frozenset, dict):
         if issubclass(t, base):
             return _with_type(t, _RESOLVED[base])
@@ -371,7 +374,7 @@ def _np_array(a: Any, stack: list, tag: bytes = b"na") -> bytes:
         h.update(_digest(a.tolist(), stack))
     else:
         flat = np.ascontiguousarray(a).reshape(-1)
-        h.update(memoryview(flat.view(np.uint8)))
+        h.update(flat.view(np.uint8).data)
     return h.digest()
 
 
@@ -430,8 +433,12 @@ def _resolve_arrow(t: type) -> _Enc | None:
     )
     for cls, tag in kinds:
         if issubclass(t, cls):
-            return lambda v, stack, tag=tag: _arrow(v, tag)
+            return _arrow_enc(tag)
     return None
+
+
+def _arrow_enc(tag: bytes) -> _Enc:
+    return lambda v, stack: _arrow(v, tag)
 
 
 def _arrow(obj: Any, tag: bytes) -> bytes:

@@ -73,7 +73,7 @@ class SegmentCache:
         self._reset()
 
     def _reset(self) -> None:
-        self._store: SegmentStore | None = None
+        self._store: SegmentStore[Any] | None = None
         self._touched: set[Any] = set()
         self._touched_at = time.monotonic()
         self._pid = -1
@@ -85,7 +85,7 @@ class SegmentCache:
         self._checked = False
 
     # -- to implement ----------------------------------------------------------------------
-    def _new_store(self, create: bool = True) -> SegmentStore:
+    def _new_store(self, create: bool = True) -> SegmentStore[Any]:
         raise NotImplementedError
 
     def _where(self) -> str:
@@ -108,7 +108,7 @@ class SegmentCache:
         self._token, self._prepared_by = token, prepared_by
 
     # -- the store, per process -------------------------------------------------------------
-    def _open(self) -> SegmentStore | None:
+    def _open(self) -> SegmentStore[Any] | None:
         if self._pid == os.getpid():
             return self._store
         with self._lock:
@@ -208,7 +208,7 @@ class SegmentCache:
         self._touch_if_due(store)
         return out
 
-    def _get_blocks(self, store: SegmentStore, keys: list[str]) -> dict[str, Any]:
+    def _get_blocks(self, store: SegmentStore[Any], keys: list[str]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for where, pairs in self._known.locate(keys).items():
             values = self._block(store, where)
@@ -222,7 +222,7 @@ class SegmentCache:
         if seg is not None:
             self._touched.add(seg.ref)
 
-    def _touch_if_due(self, store: SegmentStore | None, now: bool = False) -> None:
+    def _touch_if_due(self, store: SegmentStore[Any] | None, now: bool = False) -> None:
         """Tell the store which segments were read (batched: see ``touch_seconds``)."""
         if not self._touched or store is None or self._read_only:
             return
@@ -236,7 +236,7 @@ class SegmentCache:
         except self._errors:
             log.debug("hypernodes cache: recording use failed", exc_info=True)
 
-    def _segment_values(self, store: SegmentStore, number: int) -> list[Any] | None:
+    def _segment_values(self, store: SegmentStore[Any], number: int) -> list[Any] | None:
         """Every value of one segment, decoded once (one read) and kept in the LRU."""
         known = self._known
         where = BlockAt(number, WHOLE)
@@ -263,7 +263,7 @@ class SegmentCache:
             known.keep_block(where, out, seg.size)
         return out
 
-    def _due(self, store: SegmentStore, node: str | None) -> bool:
+    def _due(self, store: SegmentStore[Any], node: str | None) -> bool:
         """Whether a miss should reload indexes: the store changed since the last load (when
         it can tell cheaply: SQLite's data version, a directory's mtime), or, when it cannot
         (object stores), ``refresh_seconds`` passed."""
@@ -278,7 +278,7 @@ class SegmentCache:
             return version != last.version
         return time.monotonic() - last.at >= self.refresh_seconds
 
-    def _refresh(self, store: SegmentStore, node: str | None) -> None:
+    def _refresh(self, store: SegmentStore[Any], node: str | None) -> None:
         """Load the indexes written since the last refresh (of ``node``, or of every node)."""
         with self._lock:
             known = self._known
@@ -304,7 +304,7 @@ class SegmentCache:
                     continue
                 known.add(seg.ref, seg.size, *decoded)
 
-    def _block(self, store: SegmentStore, where: BlockAt) -> list[Any] | None:
+    def _block(self, store: SegmentStore[Any], where: BlockAt) -> list[Any] | None:
         number, b = where
         self._used(number)
         values = self._known.cached_block(where)
@@ -341,7 +341,7 @@ class SegmentCache:
                 known.keep_block(where, values, seg.lengths[b])
         return values
 
-    def _delete(self, store: SegmentStore, ref: Any) -> None:
+    def _delete(self, store: SegmentStore[Any], ref: Any) -> None:
         try:
             store.delete(ref)
         except self._errors:

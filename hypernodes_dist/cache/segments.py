@@ -57,7 +57,7 @@ class BlockRow(NamedTuple):
 
     offset: int
     length: int
-    count: int
+    count: int  # type: ignore[assignment]  # a field named like tuple.count, read by name
 
 
 @dataclass
@@ -155,7 +155,9 @@ def _dumps(keys: list[str], values: list[Any]) -> tuple[list[str], bytes | None]
         return keys, cloudpickle.dumps(values, protocol=5)
     except Exception:  # noqa: BLE001 - find the culprits below
         pass
-    good_keys, good_values, bad = [], [], {}
+    good_keys: list[str] = []
+    good_values: list[Any] = []
+    bad: dict[str, Exception] = {}
     for key, value in zip(keys, values):
         try:
             cloudpickle.dumps(value, protocol=5)
@@ -164,10 +166,10 @@ def _dumps(keys: list[str], values: list[Any]) -> tuple[list[str], bytes | None]
             continue
         good_keys.append(key)
         good_values.append(value)
-    for name, exc in bad.items():
+    for name, error in bad.items():
         warnings.warn(
             f"hypernodes-dist: result of type {name} cannot be pickled and is not cached "
-            f"({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=4)
+            f"({type(error).__name__}: {error})", RuntimeWarning, stacklevel=4)
     if not good_keys:
         return [], None
     return good_keys, cloudpickle.dumps(good_values, protocol=5)

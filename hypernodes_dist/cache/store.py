@@ -26,7 +26,7 @@ Rules every store keeps:
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from hypernodes_dist.cache.segments import Packed, SegmentIndex
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["FoundIndex", "Group", "Pruned", "SegmentStore", "Stored", "Usage"]
 
 Ref = Hashable
+RefT = TypeVar("RefT", bound=Hashable, contravariant=True)  # a store's own kind of ref (a row id, a path)
 
 
 class Stored(NamedTuple):
@@ -48,7 +49,7 @@ class FoundIndex(NamedTuple):
 
     ref: Ref
     size: int
-    index: bytes
+    index: bytes  # type: ignore[assignment]  # a field named like tuple.index, read by name
 
 
 class Group(NamedTuple):
@@ -79,7 +80,7 @@ class Pruned(NamedTuple):
                       self.nbytes + other.nbytes)
 
 
-class SegmentStore(Protocol):
+class SegmentStore(Protocol[RefT]):
     """Where the segments of one cache live (see the module docstring for the rules)."""
 
     max_segment_bytes: int | None  # the largest segment the store takes in one piece
@@ -96,15 +97,15 @@ class SegmentStore(Protocol):
         """The indexes of the segments of ``scope`` (and ``node``) that ``known`` lacks."""
         ...
 
-    def read(self, ref: Ref, offset: int, length: int) -> bytes | None:
+    def read(self, ref: RefT, offset: int, length: int) -> bytes | None:
         """``length`` bytes of a segment's data from ``offset``; ``None`` if it is gone."""
         ...
 
-    def touch(self, refs: Collection[Ref]) -> None:
+    def touch(self, refs: Collection[RefT]) -> None:
         """Mark segments as just used (recency for eviction); refs that are gone are ignored."""
         ...
 
-    def delete(self, ref: Ref) -> None:
+    def delete(self, ref: RefT) -> None:
         """Delete one segment (a bad one); a missing one is not an error."""
         ...
 

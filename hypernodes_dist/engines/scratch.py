@@ -57,7 +57,7 @@ def remove_stale(prefix: str, directory: str | None = None) -> list[str]:
     """Remove the directories ``<prefix>-<pid>-*`` in ``directory`` (default: the temp
     directory) whose owner is gone; return their paths."""
     base = directory or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:

@@ -89,7 +89,7 @@ class _NestedCall:
         return Chunk(0, n, columns, broadcast), settings
 
     def result(self, batch: BatchResult) -> Any:
-        values = []
+        values: list[Any] = []
         for inner in self.outputs.values():
             column = batch.outputs[inner]
             if self.map_over:
@@ -121,15 +121,15 @@ class _NestedCall:
                 settings.responses = {i.name: given.pop(i.name) for i in self.plan.interrupts
                                       if i.name in given}
                 settings.handlers = parent.handlers
-        reporting = parent is not None and parent.emit is not None
-        if reporting:  # a failing inner run reports its events (the failing node's) too
+        emit = parent.emit if parent is not None else None
+        if emit is not None:  # a failing inner run reports its events (the failing node's) too
             settings.on_error = "collect"
         batch = await run_batch(self.plan, chunk, settings)
-        if reporting:
+        if parent is not None and emit is not None:
             for event in expanded(batch.events):
                 if event.parent_run_id is None:
                     event.parent_run_id = parent.run_id
-                parent.emit(event)
+                emit(event)
         if batch.errors:  # the first failed element's own exception fails the nested node
             raise batch.errors[min(batch.errors)]
         if batch.paused:  # an interrupt with no answer: the calling run pauses too

@@ -198,7 +198,7 @@ class LocalRun:
         node = self.graph.plan.interrupt(name)
         value = self.state.values.get(node.input_param) if name in self.graph.plan.by_name \
             else self.state.pending_value  # paused inside a nested graph
-        return Interrupt(name, value, node.response_param)  # type: ignore[attr-defined]
+        return Interrupt(name, value, node.response_param)
 
     def result(self, status: str) -> GraphResult:
         state = self.state

@@ -217,28 +217,24 @@ class ParquetDataset:
 
     # -- reading back ------------------------------------------------------------------
     def counts(self) -> Iterator[tuple[int, int]]:
-        """``(rows, failed rows)`` of every part file, from the Parquet footers only."""
+        """``(rows, failed rows)`` of every part file, from the Parquet footers (a file
+        written without statistics: from its error column)."""
+        for path in self.part_files():
+            yield self._count(path)
+
+    def _count(self, path: str) -> tuple[int, int]:
         import pyarrow.parquet as pq
 
-        for path in self.part_files():
-            with self.filesystem.open_input_file(path) as f:
-                meta = pq.ParquetFile(f).metadata
-            col = meta.schema.names.index(ERROR_COLUMN)
-            ok = 0
-            for g in range(meta.num_row_groups):
-                stats = meta.row_group(g).column(col).statistics
-                nulls = stats.null_count if stats is not None and stats.has_null_count else None
-                if nulls is None:  # no statistics: count by reading the column
-                    return self._count_by_reading()
-                ok += nulls
-            yield meta.num_rows, meta.num_rows - ok
-
-    def _count_by_reading(self) -> Iterator[tuple[int, int]]:
-        import pyarrow.parquet as pq
-
-        for path in self.part_files():
-            col = pq.read_table(path, columns=[ERROR_COLUMN], filesystem=self.filesystem)
-            yield col.num_rows, col.num_rows - col.column(0).null_count
+        with self.filesystem.open_input_file(path) as f:
+            meta = pq.ParquetFile(f).metadata
+        col, ok = meta.schema.names.index(ERROR_COLUMN), 0
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(col).statistics
+            if stats is None or not stats.has_null_count:  # no statistics: read the column
+                table = pq.read_table(path, columns=[ERROR_COLUMN], filesystem=self.filesystem)
+                return table.num_rows, table.num_rows - table.column(0).null_count
+            ok += stats.null_count
+        return meta.num_rows, meta.num_rows - ok
 
     # -- visibility from other machines ------------------------------------------------
     def marker(self) -> str:

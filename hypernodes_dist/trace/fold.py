@@ -211,7 +211,7 @@ class Fold:
         rec.status, rec.node_type, rec.step_index = "running", ev.node_type, ev.step_index
         rec.started_at = ev.timestamp
 
-    def _on_node_end(self, ev: E.NodeEndEvent | E.NodeErrorEvent) -> None:
+    def _on_node_end(self, ev: Any) -> None:  # a NodeEnd/NodeError event or its kept record
         rec = self._execution(ev, ev.iteration)
         started = ev.started_at or rec.started_at
         rec.started_at = ev.timestamp - ev.duration_ms / 1000.0 if started is None else started
@@ -298,7 +298,7 @@ class Fold:
             None, None, (), 0, 0, None)) for i, run_id in enumerate(runs))
         edges.extend((mid, run_id, "map") for run_id in runs)
         self._count(mid, len(runs), len(errors))
-        for part in ev.parts:
+        for part in ev.columns:
             name, step, tags, cached = part.node_id, part.step_index, part.tags, part.cached
             node_type = "" if cached else part.node_type  # a hit has no start event
             times = ev.times(part)
@@ -340,8 +340,8 @@ def _columnar(ev: E.BatchEvent) -> bool:
     if ev.parent_run_id or not ev.n or any(type(p) is not E.NodeColumns for p in ev.parts):
         return False
     items: dict[str, list[Any]] = {}
-    for part in ev.parts:
-        items.setdefault(part.node_id, []).append(part.items)  # type: ignore[union-attr]
+    for part in ev.columns:
+        items.setdefault(part.node_id, []).append(part.items)
     return all(len(c) == 1 or sum(map(len, c)) == len(set().union(*c)) for c in items.values())
 
 
@@ -369,7 +369,8 @@ def kept(event: Any) -> Any:
         parts = [kept(p) for p in event.parts]
         if all(map(is_, parts, event.parts)) and all(type(e) is str for e in event.errors.values()):
             return event  # nothing to drop (already dropped by the collector)
-        return replace(event, parts=parts, errors={i: _err(e) for i, e in event.errors.items()})
+        text: Any = {i: _err(e) for i, e in event.errors.items()}  # the log keeps errors as text
+        return replace(event, parts=parts, errors=text)
     code, get, has_error = _SHAPES.get(type(event)) or _shape(type(event))
     found = get(event)
     return code, (*found[:-1], _err(found[-1])) if has_error else found
@@ -377,7 +378,8 @@ def kept(event: Any) -> Any:
 
 def _shape(cls: type) -> tuple[int, Callable[[Any], tuple[Any, ...]], bool]:
     names = sorted((f.name for f in fields(cls) if f.name not in _VALUES), key="error".__eq__)
-    _REPLAY.append((namedtuple(cls.__name__, names)._make, handler(cls)))  # type: ignore[misc]
+    record: Any = namedtuple(cls.__name__, names)  # type: ignore[misc]  # names known at run time
+    _REPLAY.append((record._make, handler(cls)))
     shape = _SHAPES[cls] = (len(_REPLAY) - 1, attrgetter(*names), names[-1] == "error")
     return shape  # (code, fields getter, whether the last field is an error)
 

@@ -15,7 +15,8 @@ from .fold import Edge, Fold, TraceNode, handler, kept
 
 class _Log:  # base: the fold before ``events`` (never changed); memo: the fold of a prefix
     def __init__(self, base: Fold, events: list[Any]) -> None:
-        self.base, self.events, self.memo, self.lock = base, events, None, threading.RLock()
+        self.base, self.events, self.lock = base, events, threading.RLock()
+        self.memo: Fold | None = None
 
 
 class Trace:
@@ -147,7 +148,8 @@ class TraceCollector:
 
     def __init__(self, trace: Trace | None = None, batch: int = 4096) -> None:
         self._trace = trace if trace is not None else empty()
-        self._pending, self._batch, self._lock = [], batch, threading.Lock()
+        self._pending: list[Event] = []
+        self._batch, self._lock = batch, threading.Lock()
 
     @property
     def trace(self) -> Trace:

@@ -55,7 +55,7 @@ def summary(trace: Trace) -> dict[str, NodeStats]:
             if r.status in _SLOT:  # complete (ran or cached), error or skipped
                 a[_SLOT[r.status] + (r.status == "complete" and r.cached)] += 1
     for event in batches:  # map batches read as columns: complete, one attempt each
-        for part in event.parts:
+        for part in event.columns:
             a = acc[part.node_id]
             a[1 if part.cached else 0] += len(part.items)
             a[5].extend([] if part.cached else event.durations(part))
@@ -65,10 +65,10 @@ def summary(trace: Trace) -> dict[str, NodeStats]:
     out = {}
     for name, (ran, cached, errors, retries, skipped, durations, waited) in acc.items():
         durations.sort()
-        pick = [float(durations[max(1, math.ceil(q * len(durations))) - 1]) if durations
-                else 0.0 for q in (0.5, 0.95)]  # nearest rank
+        p50, p95 = (float(durations[max(1, math.ceil(q * len(durations))) - 1]) if durations
+                    else 0.0 for q in (0.5, 0.95))  # nearest rank
         out[name] = NodeStats(name, ran + cached + errors, ran, cached, errors, retries, skipped,
-                              *pick, max(durations, default=0.0), sum(durations), waited,
+                              p50, p95, max(durations, default=0.0), sum(durations), waited,
                               usage.get(name, {}))
     return out
 
@@ -109,7 +109,8 @@ class Timeline:
         self._cols, self._lane, self.lanes, self.workers = cols, lane, lanes, workers
         self.nodes = tuple(dict.fromkeys(cols[0]))
         self.colors = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(self.nodes)}
-        self.t0, self.t1 = (cols[6][0], max(cols[7])) if lane else (0.0, 0.0)
+        self.t0: float = cols[6][0] if lane else 0.0
+        self.t1: float = max(cols[7]) if lane else 0.0
         self.duration = self.t1 - self.t0
         self._spans: tuple[Span, ...] | None = None
 
@@ -188,12 +189,12 @@ class Timeline:
             out.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{lane_h}" '
                        f'fill="{"#f6f6f6" if i % 2 == 0 else "#ffffff"}"/>'
                        f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{esc(lane)}</text>')
-        for lane, node, cls, start, end, count in self.blocks(1.0 / scale):
+        for row, node, cls, start, end, count in self.blocks(1.0 / scale):
             tip = f"{node} ({cls}) x{count}: {start - self.t0:.6f}s - {end - self.t0:.6f}s"
-            out.append(f'<rect x="{label_w + (start - self.t0) * scale:.2f}" y="{top + lane * lane_h + 2}" '
+            out.append(f'<rect x="{label_w + (start - self.t0) * scale:.2f}" y="{top + row * lane_h + 2}" '
                        f'width="{max((end - start) * scale, 1.0):.2f}" height="{lane_h - 4}" fill="'
                        f'{_ERROR if cls == "error" else colors[node]}" fill-opacity="{_ALPHA[cls]}">'
-                       f"<title>{esc(f'{tip} on {self.lanes[lane]}')}</title></rect>")
+                       f"<title>{esc(f'{tip} on {self.lanes[row]}')}</title></rect>")
         for k in range(6):
             x = label_w + plot_w * k / 5
             out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y}" stroke="#ccc"/>'
@@ -233,7 +234,8 @@ def timeline(trace: Trace, *, max_lanes_per_worker: int = 32) -> Timeline:
     by_worker: dict[str, list[int]] = {}
     for k, worker in enumerate(cols[5]):
         by_worker.setdefault(worker, []).append(k)
-    lane, lanes = [0] * len(cols[6]), []
+    lane: list[int] = [0] * len(cols[6])
+    lanes: list[str] = []
     for worker in sorted(by_worker):
         used = _assign_lanes(by_worker[worker], cols[6], cols[7], lane, len(lanes),
                              max_lanes_per_worker)
@@ -251,7 +253,7 @@ def _columns(trace: Trace) -> list[list[Any]]:
             if r.kind == "node" and r.started_at is not None and r.status in ("complete", "error")]
     cols = [list(col) for col in zip(*rows)] if rows else [[] for _ in range(10)]
     for ev in batches:  # map batches read as columns
-        for part in ev.parts:
+        for part in ev.columns:
             n = len(part.items)
             for col, values in zip(cols, (
                     repeat(part.node_id, n), repeat(None, n), repeat(ev.run_id, n),
@@ -328,7 +330,9 @@ def _label(n: TraceNode) -> str:
 
 def dag(trace: Trace) -> DagLayout:
     """The trace graph laid out in layers: x = depth, y = rank within the layer."""
-    edges, depth, rank, laid = trace.edges, {}, {}, []
+    edges, laid = trace.edges, []
+    depth: dict[str, int] = {}
+    rank: dict[int, int] = {}
     for src, dst, _kind in edges:  # a vertex's edges arrive after its source exists
         depth[dst] = max(depth.get(dst, 0), depth.get(src, 0) + 1)
     for n in trace.nodes.values():
