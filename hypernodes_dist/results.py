@@ -1,16 +1,19 @@
-"""Result types: ``NodeExecution``, ``GraphResult`` (one run) and ``MapResult`` (one map)."""
+"""Result types: ``NodeExecution``, ``GraphResult`` (one run) and ``MapResult`` (one map),
+``ErrorList`` (a map's failed items, readable as a table too) and ``Failure`` (one of them)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Iterator, KeysView, ValuesView
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+
+from hypernodes_dist.errors import BudgetExceededError
 
 if TYPE_CHECKING:
     import pandas
     import pyarrow
 
-__all__ = ["NodeExecution", "GraphResult", "MapResult", "Status"]
+__all__ = ["NodeExecution", "GraphResult", "MapResult", "ErrorList", "Failure", "Status"]
 
 Status = Literal["complete", "interrupted", "error"]
 
@@ -34,6 +37,8 @@ class NodeExecution:
 
 class RowSource(Protocol):
     """Where a map item's result lives until it is read (a ``BatchResult``)."""
+
+    offset: int  # the position of its first item in the map
 
     def row(self, i: int) -> dict[str, Any]: ...
     def history_of(self, i: int) -> list[NodeExecution]: ...
@@ -111,6 +116,18 @@ class GraphResult:
             self._history = self._src.history_of(self._i) if self._src is not None else []
         return self._history
 
+    @property
+    def row(self) -> int | None:
+        """A map item's 0-based position in the map (``None`` for a ``run()``)."""
+        return self._src.offset + self._i if self._src is not None else None
+
+    @property
+    def node(self) -> str | None:
+        """The node whose failure failed this run or item (``None`` when it did not fail)."""
+        if self.error is None:
+            return None
+        return failed_node(self.error)
+
     # -- dict-like interface ---------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
         try:
@@ -170,8 +187,60 @@ class GraphResult:
         return f"GraphResult(status={self.status!r}, outputs={self.outputs!r}{extra})"
 
 
+def failed_node(error: BaseException) -> str | None:
+    """The node an error failed in (``hn_node``, or the node a budget stopped)."""
+    node = getattr(error, "hn_node", None)
+    if not node and isinstance(error, BudgetExceededError):
+        node = error.node
+    return node or None
+
+
+def error_summary(error: BaseException) -> str:
+    """``Type: message``: an error as the ``error`` column of an errors table shows it."""
+    return f"{type(error).__name__}: {error}"
+
+
+class Failure(NamedTuple):
+    """One failed row of a dataset map (``DatasetResult.failures``): its position, the node
+    it failed in and the error's text (``Type: message``)."""
+
+    row: int
+    node: str | None
+    error: str
+
+
+class ErrorList(list):
+    """A map's failed items (``GraphResult``s with ``.row``, ``.node``, ``.error``), also
+    readable as the table ``DatasetResult.errors`` is: ``num_rows``, ``column(name)``,
+    ``to_pylist()``, ``to_pandas()``, ``to_arrow()`` (``_hn_row``, ``node``, ``error``)."""
+
+    def to_arrow(self) -> pyarrow.Table:
+        """``_hn_row`` (int64), ``node`` and ``error`` (``Type: message``) of each item."""
+        import pyarrow as pa
+
+        return pa.table({
+            "_hn_row": pa.array([r.row for r in self], pa.int64()),
+            "node": pa.array([r.node for r in self], pa.string()),
+            "error": pa.array([error_summary(r.error) for r in self], pa.string()),
+        })
+
+    @property
+    def num_rows(self) -> int:
+        return len(self)
+
+    def column(self, name: str) -> pyarrow.ChunkedArray:
+        return self.to_arrow().column(name)
+
+    def to_pylist(self) -> list[dict[str, Any]]:
+        return self.to_arrow().to_pylist()
+
+    def to_pandas(self) -> pandas.DataFrame:
+        return self.to_arrow().to_pandas()
+
+
 class MapResult(list):
-    """The results of one ``map``: a list of ``GraphResult`` in item order."""
+    """The results of one ``map``: a list of ``GraphResult`` in item order, with the counts
+    ``DatasetResult`` has (``rows``, ``failed``, ``unfinished``, ``resumed``, ``pending``)."""
 
     def __init__(
         self,
@@ -180,6 +249,7 @@ class MapResult(list):
         columns: Callable[[], dict[str, list[Any]]] | None = None,
         session_id: str = "",
         usage: dict[str, dict[str, float]] | None = None,
+        resumed: int = 0,
     ) -> None:
         super().__init__(results or [])
         self._columns = columns
@@ -187,11 +257,36 @@ class MapResult(list):
         self.usage: dict[str, dict[str, float]] = usage or {}
         """Per node: ``calls`` (executions that ran, cache hits excluded; a batch node's
         function calls) and the sum of every quantity its calls ``meter``-ed."""
+        self.resumed: int = resumed
+        """Items an earlier run had finished: every node of theirs was a cache hit."""
+        self.pending: int = 0
+        """Items still waiting for a provider batch (``batch_api``): 0 until then."""
 
     @property
-    def errors(self) -> list[GraphResult]:
-        """The failed items."""
-        return [r for r in self if r.status == "error"]
+    def errors(self) -> ErrorList:
+        """The failed items, budget-refused ones included (``status == "error"``)."""
+        return ErrorList(r for r in self if r.status == "error")
+
+    @property
+    def failures(self) -> ErrorList:
+        """The failed items, as ``DatasetResult.failures``: each with ``.row``, ``.node``,
+        ``.error`` (here the exception itself)."""
+        return self.errors
+
+    @property
+    def unfinished(self) -> int:
+        """Items a ``budget`` refused (``BudgetExceededError``): a rerun finishes them."""
+        return sum(1 for r in self if isinstance(r.error, BudgetExceededError))
+
+    @property
+    def failed(self) -> int:
+        """Items that ran and failed (not counting the ``unfinished`` ones)."""
+        return sum(1 for r in self if r.status == "error") - self.unfinished
+
+    @property
+    def rows(self) -> int:
+        """Items that ran to an end, succeeded or failed: ``rows + unfinished == len(self)``."""
+        return len(self) - self.unfinished
 
     def column(self, name: str) -> list[Any]:
         """Every item's value of output ``name`` (``None`` where an item has none)."""

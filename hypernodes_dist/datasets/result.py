@@ -2,7 +2,8 @@
 
 Nothing here holds the rows: ``rows`` and ``failed`` come from the Parquet footers,
 ``errors`` reads only the failed rows' ``_hn_row`` and ``_hn_error``, and ``to_arrow`` /
-``to_pandas`` / ``dataset`` read the directory when asked.
+``to_pandas`` / ``dataset`` read the directory when asked. The counts are ``MapResult``'s:
+``rows``, ``failed``, ``unfinished``, ``resumed``, ``pending``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from hypernodes_dist.datasets.manifest import schema_of
+from hypernodes_dist.results import Failure
 from hypernodes_dist.sinks.arrow_types import decode_table
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
@@ -26,11 +28,11 @@ _NODE = re.compile(r"^node '((?:[^']|'(?!: ))*)': (.*)$", re.DOTALL)
 
 
 class DatasetResult:
-    """The output of a dataset map: ``path``, ``rows``, ``failed``, ``errors`` and readers."""
+    """The output of a dataset map: ``path``, the counts, ``errors`` and readers."""
 
     def __init__(self, out: ParquetDataset, session_id: str = "",
                  usage: dict[str, dict[str, float]] | None = None,
-                 total: int | None = None) -> None:
+                 total: int | None = None, resumed: int = 0) -> None:
         self._out = out
         self.session_id = session_id
         self.usage: dict[str, dict[str, float]] = usage or {}
@@ -44,6 +46,11 @@ class DatasetResult:
         self.unfinished: int = max(0, total - rows) if total is not None else 0
         """Source rows with no output row: the ones a ``budget`` stopped (rerun to finish)."""
         self.failed: int = failed
+        """Rows in files whose ``_hn_error`` is set (a budget-refused row is ``unfinished``)."""
+        self.resumed: int = resumed
+        """Rows an earlier run had written here already (this run did not compute them)."""
+        self.pending: int = 0
+        """Rows still waiting for a provider batch (``batch_api``): 0 until then."""
         self._errors: pa.Table | None = None
         manifest = out.read_manifest()
         self._schema = schema_of(manifest) if manifest else None
@@ -76,6 +83,14 @@ class DatasetResult:
             self._errors = self._read_errors()
         return self._errors
 
+    @property
+    def failures(self) -> list[Failure]:
+        """The failed rows one by one, as ``MapResult.failures``: ``.row``, ``.node``,
+        ``.error`` (the error's text, ``Type: message``)."""
+        errors = self.errors
+        return [Failure(*values) for values in zip(*(errors.column(i).to_pylist()
+                                                       for i in range(3)))]
+
     def _read_errors(self) -> pa.Table:
         import pyarrow.dataset as ds
 
@@ -98,7 +113,8 @@ class DatasetResult:
         return self.rows
 
     def __repr__(self) -> str:
-        return f"DatasetResult(path={self.path!r}, rows={self.rows}, failed={self.failed})"
+        return (f"DatasetResult(path={self.path!r}, rows={self.rows}, failed={self.failed}, "
+                f"unfinished={self.unfinished}, resumed={self.resumed}, pending={self.pending})")
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, DatasetResult) and other.path == self.path

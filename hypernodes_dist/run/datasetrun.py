@@ -195,14 +195,15 @@ class DatasetCollector(Tally):
 
     def __init__(self, callbacks: Sequence[Any], progress: bool, total: int | None,
                  engine: str, out: ParquetDataset, session_id: str = ""):
-        resumed = sum(rows for rows, _ in out.counts()) if progress and out.finished() else 0
+        resumed = sum(rows for rows, _ in out.counts()) if out.finished() else 0
         super().__init__(callbacks, progress, total, f"map [{engine}] -> parquet", resumed,
                          unit="row", failed_name="failed")
-        self.out, self.session_id = out, session_id
+        self.out, self.session_id, self.resumed = out, session_id, resumed
 
     def accept(self, report: PartReport) -> None:
         self.add(report.n, report.hits, report.failed, report.events, report.usage)
         report.events = []
 
     def result(self) -> DatasetResult:
-        return DatasetResult(self.out, self.session_id, self.usage, self.total)
+        return DatasetResult(self.out, self.session_id, self.usage, self.total,
+                             self.resumed)
