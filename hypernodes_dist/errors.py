@@ -162,18 +162,91 @@ def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseExce
 
 
 def portable(exc: BaseException) -> BaseException:
-    """Return ``exc`` if it survives pickling, else a ``NodeError`` carrying its text."""
+    """``exc`` itself, made to cross a process boundary as its own class with its attributes.
+
+    An exception that pickles as it is comes back as it is. One whose class cannot be
+    rebuilt from its ``args`` (``openai.BadRequestError`` takes ``response=`` and ``body=``
+    keywords) pickles by state instead: its class, ``args`` and attributes (``status_code``,
+    ``response`` with its status and headers, ``body``, notes). Only when even that fails (a
+    class defined where the other side cannot import it, an attribute that cannot pickle
+    at all) a ``NodeError`` carrying its type name and text stands in for it."""
+    if _round_trips(exc):
+        return exc
+    state = _portable_state(exc)
+    if state is not None:
+        exc.__reduce_ex__ = _by_state(type(exc), exc.args, state)  # type: ignore[method-assign]
+        if _round_trips(exc):
+            return exc
+        del exc.__reduce_ex__
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    wrapped = NodeError(f"{type(exc).__name__}: {exc}", type(exc).__qualname__, text)
+    wrapped.__notes__ = list(getattr(exc, "__notes__", []))
+    for attr in ("hn_node", "hn_item"):
+        if hasattr(exc, attr):
+            setattr(wrapped, attr, getattr(exc, attr))
+    return wrapped
+
+
+def _round_trips(exc: BaseException) -> bool:
     try:
         pickle.loads(pickle.dumps(exc))
-        return exc
+        return True
     except Exception:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        wrapped = NodeError(f"{type(exc).__name__}: {exc}", type(exc).__qualname__, text)
-        wrapped.__notes__ = list(getattr(exc, "__notes__", []))  # type: ignore[attr-defined]
-        for attr in ("hn_node", "hn_item"):
-            if hasattr(exc, attr):
-                setattr(wrapped, attr, getattr(exc, attr))
-        return wrapped
+        return False
+
+
+def _portable_state(exc: BaseException) -> dict[str, Any] | None:
+    """``exc``'s attributes, each as it pickles (an HTTP response or request rebuilt without
+    its stream); ``None`` when one cannot be carried."""
+    state = {}
+    for name, value in vars(exc).items():
+        if name == "__reduce_ex__":
+            continue
+        try:
+            pickle.dumps(value)
+        except Exception:
+            value = _http_replica(value)
+            if value is None:
+                return None
+        state[name] = value
+    return state
+
+
+def _http_replica(value: Any) -> Any:
+    """An ``httpx`` response or request as one that pickles (status, headers, body read so
+    far, method and URL); ``None`` for anything else."""
+    if not type(value).__module__.startswith("httpx"):
+        return None
+    import httpx  # only ever reached with an httpx object in hand
+
+    if isinstance(value, httpx.Request):
+        return httpx.Request(value.method, value.url, headers=value.headers)
+    if isinstance(value, httpx.Response):
+        body = value.content if value.is_stream_consumed or value.is_closed else b""
+        try:
+            request = _http_replica(value.request)
+        except RuntimeError:  # a response made without a request
+            request = None
+        return httpx.Response(value.status_code, headers=value.headers, content=body,
+                              request=request)
+    return None
+
+
+def _by_state(cls: type[BaseException], args: tuple[Any, ...],
+              state: dict[str, Any]) -> Callable[[int], tuple[Any, ...]]:
+    def reduce(protocol: int) -> tuple[Any, ...]:
+        return (_rebuild, (cls, args, state))
+    return reduce
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...],
+             state: dict[str, Any]) -> BaseException:
+    """An exception of class ``cls`` with ``args`` and attributes ``state``, its own
+    ``__init__`` not called (it may want more than ``args``)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    vars(exc).update(state)
+    return exc
 
 
 def call_portably(fn: Callable[..., Any], *args: Any) -> Any:

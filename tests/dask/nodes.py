@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from hypernodes_dist import node
@@ -26,10 +27,25 @@ def blob_size(x: int, blob: bytes) -> int:
     return len(blob) + x
 
 
+class Unportable(Exception):
+    """An exception holding a lock: neither it nor its state can cross a process."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
 @node(output_name="out")
 def explode(x: int) -> int:
     if x == 5:
         raise Unpicklable(x, 0)
+    return x
+
+
+@node(output_name="out")
+def lock_holder(x: int) -> int:
+    if x == 5:
+        raise Unportable(f"held lock at {x}")
     return x
 
 

@@ -213,17 +213,23 @@ def test_raise_keeps_type_notes_and_attributes(any_engine):
     assert any("item 17" in n for n in info.value.__notes__)
 
 
-def test_unpicklable_error_crosses_as_node_error(any_engine):
+def test_an_error_its_args_cannot_rebuild_crosses_as_its_own_class(any_engine):
     g = Graph([N.explode], engine=any_engine)
-    with pytest.raises(Exception) as info:
+    with pytest.raises(N.Unpicklable, match="bad pair 5/0") as info:
         g.map({"x": list(range(10))}, map_over="x")
     err = info.value
-    assert isinstance(err, (N.Unpicklable, NodeError))
-    if any_engine.scheduler in ("processes", "distributed"):
-        assert isinstance(err, NodeError) and "bad pair 5/0" in str(err)
     assert err.hn_node == "explode" and err.hn_item == 5
     res = g.map({"x": list(range(10))}, map_over="x", on_error="collect")
     assert [r.status for r in res].count("error") == 1 and "explode" in " ".join(res[5].error.__notes__)
+    assert type(res[5].error) is N.Unpicklable
+
+
+def test_an_error_whose_state_cannot_cross_becomes_a_node_error(any_engine):
+    g = Graph([N.lock_holder], engine=any_engine)
+    res = g.map({"x": list(range(10))}, map_over="x", on_error="collect")
+    err = res[5].error
+    assert isinstance(err, NodeError) and err.original_type == "Unportable"
+    assert "held lock at 5" in str(err) and err.hn_node == "lock_holder" and err.hn_item == 5
 
 
 def _batch_tasks(dask_scheduler) -> int:
