@@ -207,75 +207,91 @@ def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 def _hamilton(mode: str) -> Callable[[str], Runner]:
     def prepare(workload: str) -> Runner:
-        from hamilton import ad_hoc_utils, driver
+        from hamilton import ad_hoc_utils
 
         fns, mapped, broadcast = SPECS[workload]
-        last = fns[-1][1]
         nodes = [_renamed(fn, out) for fn, out in fns]
         if mode == "sequential":
-            dr = driver.Builder().with_modules(
-                ad_hoc_utils.create_temporary_module(*nodes)).build()
-
-            def run(inputs: dict[str, Any]) -> list[Any]:
-                kept = {b: inputs[b] for b in broadcast}
-                return [dr.execute([last], inputs={mapped: v, **kept})[last]
-                        for v in inputs[mapped]]
-
-            return run
+            return _hamilton_sequential(ad_hoc_utils.create_temporary_module(*nodes),
+                                        mapped, broadcast, fns[-1][1])
         if mode == "parallel":
-            from hamilton.execution.executors import MultiProcessingExecutor
-            from hamilton.htypes import Collect, Parallelizable
-
-            # fan-out node named like the mapped parameter, fan-in node over the last output
-            # (typed like them: Hamilton checks that edge types match)
-            src = (f"def {mapped}({mapped}_all: list) -> Parallelizable[T_in]:\n"
-                   f"    yield from {mapped}_all\n"
-                   f"def {last}_all({last}: Collect[T_out]) -> list:\n"
-                   f"    return list({last})\n")
-            ns: dict[str, Any] = {
-                "Parallelizable": Parallelizable, "Collect": Collect,
-                "T_in": typing.get_type_hints(fns[0][0])[mapped],
-                "T_out": typing.get_type_hints(fns[-1][0])["return"]}
-            exec(src, ns)
-            mod = ad_hoc_utils.create_temporary_module(ns[mapped], ns[f"{last}_all"], *nodes)
-            executor = MultiProcessingExecutor(max_tasks=os.cpu_count() or 1)
-            dr = (driver.Builder().with_modules(mod)
-                  .enable_dynamic_execution(allow_experimental_mode=True)
-                  .with_remote_executor(executor).build())
-
-            def run(inputs: dict[str, Any]) -> list[Any]:
-                kept = {b: inputs[b] for b in broadcast}
-                res = dr.execute([f"{last}_all"], inputs={f"{mapped}_all": inputs[mapped], **kept})
-                return res[f"{last}_all"]
-
-            return run
-        # pandas-vectorized: NOT per-item; the trivial nodes rewritten as column operations
-        if workload != "trivial":
+            return _hamilton_parallel(fns, nodes, mapped, broadcast)
+        if workload != "trivial":  # pandas-vectorized: NOT per-item
             raise NotImplementedError(
                 f"no column form of the {workload!r} nodes (per-item pure-Python work)")
-        import pandas as pd
-
-        def a(x: pd.Series) -> pd.Series:
-            return x + 1
-
-        def b(a: pd.Series) -> pd.Series:
-            return a * 2
-
-        def c(b: pd.Series, y: str) -> pd.Series:
-            return b.astype(str) + "-" + y
-
-        for f in (a, b, c):  # this module's string annotations, resolved for Hamilton
-            f.__annotations__ = typing.get_type_hints(f, localns={"pd": pd})
-        dr = driver.Builder().with_modules(
-            ad_hoc_utils.create_temporary_module(a, b, c)).build()
-
-        def run(inputs: dict[str, Any]) -> list[Any]:
-            return dr.execute(["c"], inputs={"x": pd.Series(inputs["x"]),
-                                             "y": inputs["y"]})["c"].tolist()
-
-        return run
+        return _hamilton_columns()
 
     return prepare
+
+
+def _hamilton_sequential(module: Any, mapped: str, broadcast: Any, last: str) -> Runner:
+    """One ``execute`` per item."""
+    from hamilton import driver
+
+    dr = driver.Builder().with_modules(module).build()
+
+    def run(inputs: dict[str, Any]) -> list[Any]:
+        kept = {b: inputs[b] for b in broadcast}
+        return [dr.execute([last], inputs={mapped: v, **kept})[last] for v in inputs[mapped]]
+
+    return run
+
+
+def _hamilton_parallel(fns: Any, nodes: list[Any], mapped: str, broadcast: Any) -> Runner:
+    """Dynamic execution on Hamilton's MultiProcessingExecutor: a fan-out node named like the
+    mapped parameter, a fan-in node over the last output (typed like them: Hamilton checks
+    that edge types match)."""
+    from hamilton import ad_hoc_utils, driver
+    from hamilton.execution.executors import MultiProcessingExecutor
+    from hamilton.htypes import Collect, Parallelizable
+
+    last = fns[-1][1]
+    src = (f"def {mapped}({mapped}_all: list) -> Parallelizable[T_in]:\n"
+           f"    yield from {mapped}_all\n"
+           f"def {last}_all({last}: Collect[T_out]) -> list:\n"
+           f"    return list({last})\n")
+    ns: dict[str, Any] = {
+        "Parallelizable": Parallelizable, "Collect": Collect,
+        "T_in": typing.get_type_hints(fns[0][0])[mapped],
+        "T_out": typing.get_type_hints(fns[-1][0])["return"]}
+    exec(src, ns)
+    mod = ad_hoc_utils.create_temporary_module(ns[mapped], ns[f"{last}_all"], *nodes)
+    executor = MultiProcessingExecutor(max_tasks=os.cpu_count() or 1)
+    dr = (driver.Builder().with_modules(mod)
+          .enable_dynamic_execution(allow_experimental_mode=True)
+          .with_remote_executor(executor).build())
+
+    def run(inputs: dict[str, Any]) -> list[Any]:
+        kept = {b: inputs[b] for b in broadcast}
+        res = dr.execute([f"{last}_all"], inputs={f"{mapped}_all": inputs[mapped], **kept})
+        return res[f"{last}_all"]
+
+    return run
+
+
+def _hamilton_columns() -> Runner:
+    """The trivial nodes rewritten as pandas column operations (not per item)."""
+    import pandas as pd
+    from hamilton import ad_hoc_utils, driver
+
+    def a(x: pd.Series) -> pd.Series:
+        return x + 1
+
+    def b(a: pd.Series) -> pd.Series:
+        return a * 2
+
+    def c(b: pd.Series, y: str) -> pd.Series:
+        return b.astype(str) + "-" + y
+
+    for f in (a, b, c):  # this module's string annotations, resolved for Hamilton
+        f.__annotations__ = typing.get_type_hints(f, localns={"pd": pd})
+    dr = driver.Builder().with_modules(ad_hoc_utils.create_temporary_module(a, b, c)).build()
+
+    def run(inputs: dict[str, Any]) -> list[Any]:
+        return dr.execute(["c"], inputs={"x": pd.Series(inputs["x"]),
+                                         "y": inputs["y"]})["c"].tolist()
+
+    return run
 
 
 def _hypergraph(workload: str) -> Runner:

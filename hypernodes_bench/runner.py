@@ -372,7 +372,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
                          if (r["engine"], r["cache"]) == key)
             label = key[0] if key[1] == "off" else f"{key[0]} ({key[1]} cache)"
             ax.plot(*zip(*pts), marker="o", label=label)
-        loop = {}
+        loop: dict[int, float] = {}
         for r in mine:
             if r.get("loop_us_per_item"):
                 loop.setdefault(r["items"], 1e6 / r["loop_us_per_item"])
