@@ -36,6 +36,7 @@ from typing import Any
 from hypernodes_bench.workloads import WORKLOADS, Workload, get_workload
 from hypernodes_dist.engines import get_engine
 from hypernodes_dist.engines.local import GraphEngine
+from hypernodes_dist.errors import CommandError
 
 __all__ = ["ENGINES", "ALIASES", "BenchConfig", "run_bench", "print_table", "write_results",
            "plot", "add_bench_command", "resolve_workload", "make_engine"]
@@ -86,8 +87,8 @@ def _engine_labels(spec: str) -> list[str]:
     for raw in spec.split(","):
         label = ALIASES.get(raw.strip(), raw.strip())
         if label not in ENGINES:
-            raise SystemExit(f"error: unknown engine {raw!r}; choose from "
-                             f"{', '.join([*ENGINES, *ALIASES])}")
+            raise CommandError(f"unknown engine {raw!r}; choose from "
+                               f"{', '.join([*ENGINES, *ALIASES])}")
         labels.append(label)
     return labels
 
@@ -98,11 +99,18 @@ def _engine_labels(spec: str) -> list[str]:
 def _import(spec: str) -> Any:
     module, _, attr = spec.partition(":")
     if not module or not attr:
-        raise SystemExit(f"error: expected module:attr, got {spec!r}")
+        raise CommandError(f"expected module:attr, got {spec!r}")
     if os.getcwd() not in sys.path:  # user modules next to where the command runs
         sys.path.insert(0, os.getcwd())
-    obj: Any = importlib.import_module(module)
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise CommandError(f"cannot import {module!r} (from {spec!r}): {exc}; run the command "
+                           "where the module is importable (current directory or PYTHONPATH)"
+                           ) from exc
     for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CommandError(f"{spec!r}: module {module!r} has no {attr!r}")
         obj = getattr(obj, part)
     return obj
 
@@ -117,10 +125,13 @@ def resolve_workload(spec: str, inputs: str | None = None, loop: str | None = No
     obj = _import(spec)
     if isinstance(obj, Workload):
         return obj
+    if not isinstance(obj, (Graph, list, tuple)):
+        raise CommandError(f"{spec!r} is a {type(obj).__name__}, not a Graph, a Workload or "
+                           "a list of nodes")
     nodes = tuple(obj.nodes) if isinstance(obj, Graph) else tuple(obj)
     if inputs is None:
-        raise SystemExit(f"error: {spec} needs --inputs module:function "
-                         "(called with the item count, returns (inputs, map_over))")
+        raise CommandError(f"{spec} needs --inputs module:function "
+                           "(called with the item count, returns (inputs, map_over))")
     make_inputs = _import(inputs)
     output = select or Graph(list(nodes)).outputs[-1]
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from hypernodes_dist.errors import CommandError
 from hypernodes_dist.graph import Graph
 from hypernodes_dist.nodes import HyperNode, node
 
@@ -215,6 +216,6 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except KeyError:
-        raise ValueError(
+        raise CommandError(
             f"unknown workload {name!r}; built-in: {', '.join(WORKLOADS)} (or module:attr)"
         ) from None

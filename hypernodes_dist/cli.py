@@ -19,6 +19,7 @@ from typing import Any
 
 from hypernodes_dist.cache.base import SCOPES, Cache
 from hypernodes_dist.cache.units import parse_age, parse_size
+from hypernodes_dist.errors import CommandError
 
 __all__ = ["build_parser", "main"]
 
@@ -48,11 +49,12 @@ def _open_cache(target: str) -> Cache | None:
 
 
 def _with_cache(target: str, action: Callable[[Cache], Any]) -> Any:
-    """``action(cache)`` on the cache at ``target`` (closed after); ``None`` if there is none."""
+    """``action(cache)`` on the cache at ``target`` (closed after); ``CommandError`` if there
+    is none."""
     cache = _open_cache(target)
     if cache is None:
-        print(f"error: no cache at {target!r}", file=sys.stderr)
-        return None
+        raise CommandError(f"no cache at {target!r} (a DiskCache directory or an "
+                           "ObjectStoreCache URL)")
     try:
         return action(cache)
     finally:
@@ -61,8 +63,6 @@ def _with_cache(target: str, action: Callable[[Cache], Any]) -> Any:
 
 def _cache_info(args: argparse.Namespace) -> int:
     stats = _with_cache(args.path, lambda cache: cache.stats())
-    if stats is None:
-        return 2
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
@@ -80,8 +80,6 @@ def _cache_info(args: argparse.Namespace) -> int:
 
 def _cache_clear(args: argparse.Namespace) -> int:
     removed = _with_cache(args.path, lambda cache: cache.clear(args.scope, args.node))
-    if removed is None:
-        return 2
     what = [f"scope {args.scope!r}" if args.scope else "all scopes"]
     if args.node:
         what.append(f"node {args.node!r}")
@@ -91,18 +89,14 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 def _cache_prune(args: argparse.Namespace) -> int:
     if args.older_than is None and args.max_size is None:
-        print("error: give --older-than AGE and/or --max-size SIZE", file=sys.stderr)
-        return 2
+        raise CommandError("give --older-than AGE and/or --max-size SIZE")
     try:
         age = None if args.older_than is None else parse_age(args.older_than)
         size = parse_size(args.max_size, "--max-size")
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    found = _with_cache(args.path, lambda cache: (cache.prune(age, size), cache.stats()))
-    if found is None:
-        return 2
-    removed, stats = found
+        raise CommandError(str(exc)) from None
+    removed, stats = _with_cache(args.path,
+                                 lambda cache: (cache.prune(age, size), cache.stats()))
     why = []
     if args.older_than is not None:
         why.append(f"not used for {args.older_than}")
@@ -161,9 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``hypernodes-dist`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    """Entry point of the ``hypernodes-dist`` console script; returns the exit code.
+
+    A mistake in the command line (``CommandError``, or argparse's own) is one line on
+    stderr and exit code 2; Ctrl-C is one line and 130; never a traceback for either."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CommandError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

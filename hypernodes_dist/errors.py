@@ -24,9 +24,15 @@ __all__ = [
     "UnpicklableError",
     "ResourceError",
     "NestedPause",
+    "CommandError",
     "annotate",
     "portable",
 ]
+
+
+class CommandError(ValueError):
+    """A mistake in a ``hypernodes-dist`` command line (an unknown workload or engine, a
+    module that does not import): printed as one line, exit code 2, no traceback."""
 
 
 class GraphBuildError(ValueError):

@@ -112,11 +112,12 @@ def test_bench_dask_threads_variant(tmp_path):
     assert rc == 0 and report["rows"][0]["engine"] == "dask-threads"
 
 
-def test_bench_rejects_unknown_engine_and_bad_items(tmp_path):
-    with pytest.raises(SystemExit):
-        main(["bench", "--engines", "spark", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit):
+def test_bench_rejects_unknown_engine_and_bad_items(tmp_path, capsys):
+    assert main(["bench", "--engines", "spark", "--out", str(tmp_path)]) == 2
+    assert "unknown engine 'spark'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # argparse's own check of --items
         main(["bench", "--items", "0", "--out", str(tmp_path)])
+    assert exited.value.code == 2
     assert bench.ALIASES["dask"] == "dask-processes" and bench.ALIASES["daft"] == "daft-native"
 
 
@@ -146,3 +147,25 @@ def test_console_script_has_bench(tmp_path):
     out = subprocess.run([str(script), "bench", "--help"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "--engines" in out.stdout and "async-io" in out.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["bench", "-w", "llm"], "unknown workload 'llm'; built-in: trivial"),
+    (["bench", "-e", "spark"], "unknown engine 'spark'; choose from local"),
+    (["bench", "-w", "no_such_module_hn:graph"], "cannot import 'no_such_module_hn'"),
+    (["bench", "-w", "os:no_such_graph"], "module 'os' has no 'no_such_graph'"),
+    (["bench", "-w", "os:path"], "'os:path' is a module, not a Graph"),
+    (["bench", "-w", "nocolon:"], "expected module:attr"),
+    (["bench", "-n", "0"], "item counts must be >= 1"),
+    (["cache", "info", "/no/such/cache"], "no cache at '/no/such/cache'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_command_line_mistakes_are_one_line_and_exit_code_2(tmp_path, args, says):
+    """What a user typing the command sees: the reason on one line, no traceback."""
+    done = subprocess.run([sys.executable, "-m", "hypernodes_dist.cli", *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(("hypernodes-dist: error: ", "hypernodes-dist bench: error: "))
