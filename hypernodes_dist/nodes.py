@@ -80,6 +80,7 @@ class HyperNode:
         rate_limit: Any = None,
         retry_on: Any = Exception,
         batch_size: int | None = None,
+        scalars: str | Iterable[str] = (),
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"node name must be a non-empty string, got {name!r}")
@@ -105,6 +106,8 @@ class HyperNode:
         )
         self.streaming = bool(streaming) or self.is_generator
         self.batch_size = _batch_size(name, batch_size, self.streaming)
+        self.scalars = _scalars(name, scalars, self.params)
+        self.unkeyed: frozenset[str] = frozenset()  # inputs left out of its cache key
         # a stream that yields nothing is the empty value of its kind ([], "", b"", {})
         self.empty: type = _stream_kind(func) if self.streaming and func is not None else list
 
@@ -154,6 +157,19 @@ def _batch_size(name: str, size: Any, streaming: bool) -> int | None:
         raise ValueError(f"node {name!r}: a streaming node cannot have a batch_size (its "
                          "chunks belong to one item); drop batch_size or streaming")
     return size
+
+
+def _scalars(name: str, scalars: str | Iterable[str], params: tuple[str, ...]
+             ) -> tuple[str, ...]:
+    """The parameters a batch node's calls receive as one value, not a list (each a
+    parameter of the node)."""
+    names = (scalars,) if isinstance(scalars, str) else tuple(scalars)
+    for p in names:
+        if not isinstance(p, str) or p not in params:
+            raise ValueError(
+                f"node {name!r}: scalars names {p!r}, which is not one of its parameters "
+                f"({', '.join(params) or 'none'}); list parameter names in scalars=")
+    return names
 
 
 def _by_reference(func: Callable[..., Any] | None) -> Callable[..., Any] | None:
@@ -331,6 +347,7 @@ def node(
     rate_limit: Any = None,
     retry_on: Any = Exception,
     batch_size: int | None = None,
+    scalars: str | Sequence[str] = (),
 ) -> Any:
     """Make a function a graph node writing ``output_name`` (a tuple return is unpacked).
 
@@ -345,7 +362,9 @@ def node(
     ``batch_size=N``: a batch node. Each call receives, for every parameter that is not a
     resource, a list of up to N items' values (item order) and returns one value per item
     (a list; a tuple of lists for several outputs); cache, errors and events stay per item,
-    policies apply per call (``hypernodes_dist.execution.batching``).
+    policies apply per call (``hypernodes_dist.execution.batching``). ``scalars=("model",)``:
+    those parameters get one value per call, not a list; items whose values of them differ
+    go to different calls (``ValueError`` here if one is not a parameter).
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionNode:
@@ -359,7 +378,7 @@ def node(
             outputs=_outputs(output_name, node_name), tags=tags, cache=cache,
             streaming=streaming, retries=retries, backoff=backoff, timeout=timeout,
             version=version, concurrency=concurrency, rate_limit=rate_limit, retry_on=retry_on,
-            batch_size=batch_size,
+            batch_size=batch_size, scalars=scalars,
         )
 
     return wrap(func) if func is not None else wrap

@@ -55,6 +55,16 @@ def test_a_streaming_node_cannot_batch():
         node(output_name="y", batch_size=4)(gen)
 
 
+def test_scalars_must_name_parameters():
+    with pytest.raises(ValueError, match="node 'embed': scalars names 'modle', which is not "
+                                         "one of its parameters"):
+        @node(output_name="v", batch_size=4, scalars=("modle",))
+        def embed(text: list[str], model: str) -> list[str]:
+            return text
+    one = node(output_name="v", batch_size=4, scalars="model")(lambda text, model: text)
+    assert one.scalars == ("model",)
+
+
 def test_the_decorated_node_is_still_callable_with_lists():
     assert triple([1, 2]) == [3, 6]
 
@@ -112,6 +122,13 @@ def test_a_resource_reading_a_broadcast_input():
     res = g.map({"word": ["a", "b", "c"], "prefix": "@"}, map_over="word")
     assert [r["tagged"] for r in res] == ["@a", "@b", "@c"]
     assert g.run({"word": "z"})["tagged"] == "#z"
+
+
+def test_a_resource_reading_a_mapped_input_splits_calls():
+    g = Graph([tagger, tag])
+    res = g.map({"word": ["a", "b", "c", "d"], "prefix": ["@", "#", "@", "#"]},
+                map_over=["word", "prefix"])
+    assert [r["tagged"] for r in res] == ["@a", "#b", "@c", "#d"]
 
 
 class Ends:

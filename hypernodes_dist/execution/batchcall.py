@@ -1,7 +1,9 @@
 """One call of a batch node (``@node(batch_size=N)``): lists in, one value per item out.
 
 The lowest layer of batch nodes (``batching.py`` fills calls for the executors): which
-parameters a call receives as lists (``batched``), the call's arguments, the check of what
+parameters a call receives as lists (``batched``; the others, ``scalars=`` and the inputs
+its resources read, one value per call), which items may share a call (``split``,
+``Scalars``: the same values of those), the call's arguments, the check of what
 it returned (``unpack``: ``BatchLengthError``), one error per item of a failed call
 (``each_item``) and the one-item call of ``run()``/``iter()`` (``call_single``, which
 ``invoke.call_node`` hands batch nodes to).
@@ -18,8 +20,8 @@ from typing import Any
 from hypernodes_dist.errors import BatchLengthError
 from hypernodes_dist.nodes import HyperNode
 
-__all__ = ["BatchLengthError", "batched", "call_kwargs", "invoke", "unpack", "each_item",
-           "call_single"]
+__all__ = ["BatchLengthError", "batched", "split", "Scalars", "scalar_values", "call_kwargs",
+           "invoke", "unpack", "each_item", "call_single"]
 
 
 _BATCHED: weakref.WeakKeyDictionary[HyperNode, tuple[bool, ...]] = weakref.WeakKeyDictionary()
@@ -27,8 +29,9 @@ _BATCHED: weakref.WeakKeyDictionary[HyperNode, tuple[bool, ...]] = weakref.WeakK
 
 def batched(node: HyperNode) -> tuple[bool, ...]:
     """Per parameter of ``node``: whether a call receives it as a list of its items'
-    values. Resources are not parameters of a bound node; the inputs its resources read
-    (parameters its own function does not take) are passed once, not as lists."""
+    values. Its ``scalars`` are passed once per call, not as lists; so are the inputs its
+    resources read (parameters its own function does not take: resources are not
+    parameters of a bound node)."""
     found = _BATCHED.get(node)
     if found is None:
         own = node.params
@@ -37,8 +40,76 @@ def batched(node: HyperNode) -> tuple[bool, ...]:
                 own = tuple(inspect.signature(node.code).parameters)
             except (TypeError, ValueError):
                 pass
-        found = _BATCHED[node] = tuple(p in own and p not in node.resources for p in node.params)
+        found = _BATCHED[node] = tuple(p in own and p not in node.resources
+                                       and p not in node.scalars for p in node.params)
     return found
+
+
+# ----------------------------------------------------------------------------- scalars
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # an array's ``==`` is elementwise
+        return False
+
+
+class Scalars:
+    """Groups keyed by a tuple of scalar values: by hash when hashable, else by ``==``."""
+
+    def __init__(self) -> None:
+        self.hashed: dict[tuple[Any, ...], Any] = {}
+        self.other: list[tuple[tuple[Any, ...], Any]] = []
+
+    def get(self, values: tuple[Any, ...]) -> Any:
+        try:
+            return self.hashed.get(values)
+        except TypeError:
+            return next((g for v, g in self.other
+                         if all(map(_same, v, values))), None)
+
+    def put(self, values: tuple[Any, ...], group: Any) -> None:
+        try:
+            self.hashed[values] = group
+        except TypeError:
+            self.other.append((values, group))
+
+    def remove(self, group: Any) -> None:
+        for values, found in list(self.hashed.items()):
+            if found is group:
+                del self.hashed[values]
+        self.other = [(v, g) for v, g in self.other if g is not group]
+
+
+def scalar_values(node: HyperNode, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """One item's values of the parameters a call of ``node`` takes once."""
+    return tuple(kwargs[p] for p, is_list in zip(node.params, batched(node)) if not is_list)
+
+
+def split(node: HyperNode, columns: Sequence[Sequence[Any]], positions: Sequence[int]
+          ) -> list[Sequence[int]]:
+    """``positions`` (into ``columns``, one per parameter) cut into calls of at most
+    ``batch_size`` items in item order; items whose values of a parameter passed once per
+    call differ go to different calls (calls ordered by their first item)."""
+    size = node.batch_size or 1
+    fixed = [col for col, is_list in zip(columns, batched(node)) if not is_list]
+    groups: list[Sequence[int]] = [positions]
+    if fixed and positions and not all(
+            all(_same(col[k], col[positions[0]]) for k in positions) for col in fixed):
+        found = Scalars()
+        groups = []
+        for k in positions:
+            values = tuple(col[k] for col in fixed)
+            group = found.get(values)
+            if group is None:
+                group = []
+                found.put(values, group)
+                groups.append(group)
+            group.append(k)
+    return [g[k:k + size] for g in groups for k in range(0, len(g), size)]
 
 
 # ----------------------------------------------------------------------------- one call

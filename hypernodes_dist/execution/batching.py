@@ -13,8 +13,9 @@ lists through ``invoke.call_node`` -> ``batchcall.call_single``):
   share calls).
 
 A call passes, for every parameter that is not a resource, the list of its items' values
-(``batched``); inputs a resource reads are taken from the call's first item (they are
-broadcast values). It returns one value per item: a list (or an Arrow/NumPy array), a tuple
+(``batched``), except the node's ``scalars`` and the inputs its resources read: one value
+per call, so only items with the same values of those share a call (``split``; a flow
+keeps one open call per distinct values). It returns one value per item: a list (or an Arrow/NumPy array), a tuple
 of lists for several outputs. An ``Exception`` instance in an item's slot fails that item
 alone; a call that raises fails each of its items (each gets its own copy of the error);
 a return of another length fails every item of the call (``BatchLengthError``). Policies
@@ -33,7 +34,15 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from hypernodes_dist.execution.batchcall import call_kwargs, each_item, invoke, unpack
+from hypernodes_dist.execution.batchcall import (
+    Scalars,
+    call_kwargs,
+    each_item,
+    invoke,
+    scalar_values,
+    split,
+    unpack,
+)
 from hypernodes_dist.execution.guard import Attempts, Guard
 from hypernodes_dist.execution.syncio import gather_tasks
 from hypernodes_dist.nodes import HyperNode
@@ -108,8 +117,7 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[A
     claimed: dict[str, Future[Done]] = {}
     if keys is not None:
         own, twins, claimed = _claim(node, scope, keys, blocking)
-    size = node.batch_size or 1
-    groups = [own[k:k + size] for k in range(0, len(own), size)]
+    groups = split(node, columns, own)
 
     async def one(group: Sequence[int]) -> None:
         if type(group) is range:
@@ -261,9 +269,10 @@ class _Call:
     """Items waiting to enter one call (flows): their arguments, numbers and futures;
     ``twins``: items of other batches with the key of a slot, served by that slot."""
 
-    __slots__ = ("rows", "items", "futures", "guard", "task", "twins", "keys")
+    __slots__ = ("rows", "items", "futures", "guard", "task", "twins", "keys", "timer")
 
     def __init__(self, guard: Guard | None) -> None:
+        self.timer: asyncio.TimerHandle | None = None  # closes it when its wait is over
         self.rows: list[dict[str, Any]] = []
         self.items: list[int] = []
         self.futures: list[asyncio.Future[Any]] = []
@@ -283,8 +292,8 @@ class _Filler:
 
     def __init__(self, node: HyperNode, loop: asyncio.AbstractEventLoop) -> None:
         self.node, self.loop = node, loop
-        self.open: _Call | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.open = Scalars()  # the open call of each distinct values of the scalars
+        self.opened = 0  # open calls
         self.running: set[_Call] = set()
         self.keys: dict[str, tuple[_Call, int]] = {}  # cache key -> the slot computing it
 
@@ -296,10 +305,13 @@ class _Filler:
             if found is not None:  # an identical item is in a call: it enters once
                 found[0].twins.setdefault(found[1], []).append(future)
                 return found[0], future
-        call = self.open
+        values = scalar_values(self.node, kwargs)
+        call = self.open.get(values)
         if call is None:
-            call = self.open = _Call(guard)
-            self.timer = self.loop.call_later(FILL_SECONDS, self.close)
+            call = _Call(guard)
+            self.open.put(values, call)
+            self.opened += 1
+            call.timer = self.loop.call_later(FILL_SECONDS, self.close, call)
         if key:
             self.keys[key] = (call, len(call.rows))
         call.rows.append(kwargs)
@@ -307,17 +319,20 @@ class _Filler:
         call.items.append(item)
         call.futures.append(future)
         if len(call.rows) >= (self.node.batch_size or 1):
-            self.close()
+            self.close(call)
         return call, future
 
-    def close(self) -> None:
-        """Send the open call (full, or its wait is over)."""
-        call, self.open = self.open, None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if call is None:
-            return
+    def _unopen(self, call: _Call) -> None:
+        """``call`` is no longer open: later items open another."""
+        self.open.remove(call)
+        self.opened -= 1
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+
+    def close(self, call: _Call) -> None:
+        """Send the open ``call`` (full, or its wait is over)."""
+        self._unopen(call)
         self.running.add(call)
         call.task = self.loop.create_task(self._run(call))
 
@@ -354,19 +369,16 @@ class _Filler:
     def cancelled(self, call: _Call) -> None:
         """An item stopped waiting: a call none of whose items waits any more stops."""
         if not call.waiting():
-            if call is self.open:
-                self.open = None
-                if self.timer is not None:
-                    self.timer.cancel()
-                    self.timer = None
+            if call.task is None:  # still open
+                self._unopen(call)
                 for key in [k for k, (c, _) in self.keys.items() if c is call]:
                     del self.keys[key]
                 self._forget()
-            elif call.task is not None:
+            else:
                 call.task.cancel()
 
     def _forget(self) -> None:
-        if self.open is None and not self.running:
+        if not self.opened and not self.running:
             with _lock:
                 per_loop = _FILLERS.get(self.node)
                 if per_loop is not None and per_loop.get(self.loop) is self:

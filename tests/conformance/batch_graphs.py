@@ -179,3 +179,69 @@ def nested(kind: str) -> list:
     each = inner.as_node(name="each", map_over=over, inputs={"passages": over},
                          outputs={"sizes": "score"})
     return [split, each, total]
+
+
+# --------------------------------------------------------------------------- scalars=
+
+
+def record_once(log_dir: str, tag: str, texts: list[str], model: object) -> None:
+    """A call's texts and the one value its scalar ``model`` took."""
+    assert isinstance(log_dir, str), "a scalar is passed once per call, not as a list"
+    _append(Path(log_dir) / f"{tag}.calls",
+            json.dumps({"texts": texts, "model": model, "pid": os.getpid()}))
+
+
+def model_calls(log_dir: str, tag: str = "embed") -> list[tuple[object, list[str]]]:
+    """``(model, texts)`` of each call of ``tag`` so far."""
+    path = Path(log_dir) / f"{tag}.calls"
+    if not path.exists():
+        return []
+    return [(c["model"], c["texts"]) for c in map(json.loads, path.read_text().splitlines())]
+
+
+class ModelDownError(RuntimeError):
+    """The whole call failed: its model is down."""
+
+
+def embed(text: list[str], model: str) -> list:
+    """One value per text (``"bad..."``: a ``ValueError`` in its slot); model ``"down"``
+    fails the call."""
+    if model == "down":
+        raise ModelDownError(f"model 'down' refused a call of {len(text)} items")
+    return [ValueError(f"bad text {t!r}") if t.startswith("bad") else f"{model}:{t}"
+            for t in text]
+
+
+@node(output_name="vector", batch_size=B, scalars=("model", "log_dir"))
+def b_embed(text: list[str], model: str, log_dir: str) -> list[str]:
+    record_once(log_dir, "embed", text, model)
+    return embed(text, model)
+
+
+@node(output_name="vector", batch_size=B, scalars=("model", "log_dir"))
+async def ab_embed(text: list[str], model: str, log_dir: str) -> list[str]:
+    record_once(log_dir, "embed", text, model)
+    await asyncio.sleep(0.002)
+    return embed(text, model)
+
+
+EMBED = {"sync": [clean, b_embed], "async": [clean, ab_embed],
+         "flowing": [aclean, ab_embed], "flowing-sync": [aclean, b_embed]}
+
+
+# Translated from Daft's ``test_udf`` (``repeat_n(col("a"), 2)``: ``n`` is a literal
+# argument, one value for the whole batch) and Ray Data's ``map_batches(fn,
+# fn_kwargs={"n": 2})``: a batch function takes a broadcast value as one value per call.
+
+
+@node(output_name="repeated", batch_size=2, scalars="n")
+def repeat_n(data: list[str], n: int) -> list[str]:
+    assert isinstance(n, int), f"n is one value per call, got {type(n).__name__}"
+    return [d * n for d in data]
+
+
+@node(output_name="total", batch_size=2, scalars=("b",))
+def sum_with_scalar(x: list[int], b: int) -> list[int]:
+    """Daft's ``test_batch_udf_with_literal``: ``my_sum_with_scalar(col("x"), 10)``."""
+    assert isinstance(b, int), f"b is one value per call, got {type(b).__name__}"
+    return [v + b for v in x]

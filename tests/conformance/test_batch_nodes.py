@@ -206,3 +206,97 @@ def test_a_timeout_bounds_the_call_and_fails_its_items(engine, logs):
             assert "ab_slow" in str(r.error)
         else:
             assert r["size"] == len(t)
+
+
+# --------------------------------------------------------------------------- scalars=
+
+
+def _check_model_calls(logs, pairs):
+    """Every (model, text) pair entered exactly one call of at most ``B`` items, and each
+    call took one model, as one value."""
+    seen = BG.model_calls(logs)
+    assert all(1 <= len(texts) <= BG.B and isinstance(m, str) for m, texts in seen), seen
+    assert sorted((m, t) for m, texts in seen for t in texts) == sorted(pairs)
+    return seen
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_broadcast_value_as_a_scalar(engine, logs, kind):
+    raws = [f" Doc{i} " for i in range(10)]
+    g = Graph(BG.EMBED[kind], engine=engine)
+    res = g.map({"raw": raws, "model": "small", "log_dir": logs}, map_over="raw")
+    texts = [r.strip().lower() for r in raws]
+    assert [r["vector"] for r in res] == [f"small:{t}" for t in texts]
+    _check_model_calls(logs, [("small", t) for t in texts])
+    if kind == "sync":  # one value everywhere: calls stay full
+        assert sorted(len(texts) for _, texts in BG.model_calls(logs)) == [2, 4, 4]
+    assert g.run({"raw": "One", "model": "small", "log_dir": logs})["vector"] == "small:one"
+    assert BG.model_calls(logs)[-1] == ("small", ["one"])  # run(): a one-item call
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_mapped_scalar_splits_calls_by_value(engine, logs, kind):
+    raws = [f"t{i}" for i in range(14)]
+    models = ["a", "b", "a", "c", "b", "a", "a", "b", "c", "a", "a", "b", "a", "a"]
+    g = Graph(BG.EMBED[kind], engine=engine)
+    res = g.map({"raw": raws, "model": models, "log_dir": logs}, map_over=["raw", "model"])
+    assert [r["vector"] for r in res] == [f"{m}:{t}" for m, t in zip(models, raws)]
+    seen = _check_model_calls(logs, list(zip(models, raws)))
+    for _, texts in seen:  # a call's texts keep item order
+        assert texts == sorted(texts, key=raws.index)
+    assert len(seen) >= 4  # 7 'a' (2 calls at least), 4 'b', 2 'c'
+
+
+def test_a_scalar_column_of_a_dataset_map(engine, logs, tmp_path):
+    texts = [f"row{i}" for i in range(23)]
+    models = ["m1" if i % 3 else "m2" for i in range(23)]
+    g = Graph(BG.EMBED["sync"], engine=engine)
+    res = g.map(source=pa.table({"raw": texts, "model": models}), inputs={"log_dir": logs},
+                into=tmp_path / "out", select=["vector"])
+    table = res.to_arrow().sort_by("_hn_row")
+    assert table.column("vector").to_pylist() == [f"{m}:{t}" for m, t in zip(models, texts)]
+    _check_model_calls(logs, list(zip(models, texts)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_scalars_leave_cache_hits_per_item(engine, logs, tmp_path, kind):
+    g = Graph(BG.EMBED[kind], engine=engine, cache=DiskCache(tmp_path / "cache"))
+    first = ["k0", "k1", "k2", "k3", "k4"]
+    g.map({"raw": first, "model": ["a", "b", "a", "b", "a"], "log_dir": logs},
+          map_over=["raw", "model"])
+    done = len(BG.model_calls(logs))
+    again = ["k0", "k1", "k0", "new", "k2", "new"]
+    models = ["a", "b", "b", "a", "a", "a"]  # (k0, b) is a new pair: a miss
+    res = g.map({"raw": again, "model": models, "log_dir": logs}, map_over=["raw", "model"])
+    assert [r["vector"] for r in res] == [f"{m}:{t}" for m, t in zip(models, again)]
+    entered = BG.model_calls(logs)[done:]
+    assert sorted((m, t) for m, texts in entered for t in texts) == [("a", "new"), ("b", "k0")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_scalars_keep_errors_per_item(engine, logs, kind):
+    raws = ["a1", "bad1", "a2", "d1", "a3", "d2", "bad2", "a4"]
+    models = ["m", "m", "m", "down", "m", "down", "m", "m"]
+    g = Graph(BG.EMBED[kind], engine=engine)
+    res = g.map({"raw": raws, "model": models, "log_dir": logs}, map_over=["raw", "model"],
+                on_error="collect")
+    for i, (raw, model, r) in enumerate(zip(raws, models, res)):
+        if model == "down":  # the call of model 'down' failed: its items alone
+            assert isinstance(r.error, BG.ModelDownError)
+            assert any(f"item {i}" in n for n in r.error.__notes__)
+        elif raw.startswith("bad"):
+            assert isinstance(r.error, ValueError) and f"bad text {raw!r}" in str(r.error)
+        else:
+            assert r.status == "complete" and r["vector"] == f"m:{raw}"
+
+
+def test_translated_daft_ray_literal_argument_of_a_batch_udf(engine):
+    """Daft ``repeat_n(col("a"), 2)`` / ``my_sum_with_scalar(col("x"), 10)`` and Ray
+    ``map_batches(fn, fn_kwargs=...)``: a broadcast value is one value per call."""
+    g = Graph([BG.repeat_n], engine=engine)
+    res = g.map({"data": ["foo", "bar", "baz"], "n": 2}, map_over="data")
+    assert [r["repeated"] for r in res] == ["foofoo", "barbar", "bazbaz"]
+    res = Graph([BG.sum_with_scalar], engine=engine).map({"x": [1, 2, 3], "b": 10},
+                                                          map_over="x")
+    assert [r["total"] for r in res] == [11, 12, 13]
+    assert g.run({"data": "qux", "n": 3})["repeated"] == "quxquxqux"
