@@ -62,6 +62,9 @@ class Plan:
             i for n in self.nodes for i in n.inner_interrupts)
         self.nested_in = {i.name: n.name for n in self.nodes for i in n.inner_interrupts}
         self.graph_hash = _structure_hash(self.nodes)
+        # inputs no cache key reads: every reader leaves them out (``not_in_key``)
+        self.unkeyed = frozenset(p for p in self.inputs if all(
+            p in n.unkeyed for n in self.nodes if p in n.params))
         self._code_ids: dict[str, str] | None = None
 
     def _ends_in_order(self, i: int) -> bool:

@@ -127,6 +127,44 @@ def test_the_resource_identity_is_in_the_cache_key(tmp_path):
     assert not any(r.history[-1].cached for r in changed)
 
 
+def test_not_in_key_must_name_parameters():
+    with pytest.raises(ValueError, match="resource 'client': not_in_key names 'base_ulr', "
+                                         "which is not one of its parameters"):
+        @resource(not_in_key=("base_ulr",))
+        def client(base_url: str):
+            return base_url
+
+
+@resource(not_in_key="key")
+def keyed(key: str = "k1", word: str = "hi"):
+    return word + ":"
+
+
+@node(output_name="out")
+def greet_keyed(name: str, keyed) -> str:
+    return keyed + name
+
+
+@node(output_name="seen")
+def reads_key(key: str) -> str:
+    return key
+
+
+def test_only_inputs_every_reader_leaves_out_stay_out_of_keys(tmp_path):
+    cache = DiskCache(tmp_path / "c")
+    graph = Graph([keyed, greet_keyed], cache=cache)
+    assert graph.plan.unkeyed == {"key"}
+    graph.map({"name": ["a", "b"], "key": "k1"}, map_over="name")
+    again = graph.map({"name": ["a", "b"], "key": "k2"}, map_over="name")
+    assert all(r.history[-1].cached for r in again)
+    changed = graph.map({"name": ["a", "b"], "key": "k2", "word": "yo"}, map_over="name")
+    assert [r["out"] for r in changed] == ["yo:a", "yo:b"]  # other inputs still count
+    both = Graph([keyed, greet_keyed, reads_key], cache=cache)  # a node reads it itself
+    assert both.plan.unkeyed == set()
+    inner = Graph([keyed, greet_keyed], name="inner").as_node(inputs={"api_key": "key"})
+    assert Graph([inner]).plan.unkeyed == {"api_key"}  # a nested graph's, renamed
+
+
 def test_a_failed_build_fails_every_item_with_resource_error():
     @resource
     def broken():

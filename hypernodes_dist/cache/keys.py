@@ -4,7 +4,9 @@ Keys *chain*: the identity of a value a cacheable node produced is derived from 
 node's key (``chain_id(key, output)``), not from the value. A warm run can therefore
 compute every key of an item from its inputs alone and fetch only the outputs it returns.
 Values from graph inputs, defaults and non-cacheable nodes are identified by their content
-hash. A key = hash(code identity, (parameter, value identity) pairs, session/run token).
+hash. A key = hash(code identity, (parameter, value identity) pairs, session/run token);
+a node's ``unkeyed`` parameters (inputs of its resources named in ``not_in_key``: a key,
+an endpoint) are left out of the pairs.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class KeyedNode(Protocol):
     name: str
     params: tuple[str, ...]
     defaults: dict[str, Any]
+    unkeyed: frozenset[str]  # parameters that stay out of its key
 
 
 class KeyedPlan(Protocol):
@@ -95,7 +98,8 @@ class Keys:
     def _layout(self, node: KeyedNode) -> tuple[list[int], list[str]]:
         found = self._layouts.get(node.name)
         if found is None:
-            perm = sorted(range(len(node.params)), key=lambda i: node.params[i])
+            perm = sorted((i for i, p in enumerate(node.params) if p not in node.unkeyed),
+                          key=lambda i: node.params[i])
             found = self._layouts[node.name] = (perm, [node.params[i] for i in perm])
         return found
 

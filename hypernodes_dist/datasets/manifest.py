@@ -1,7 +1,8 @@
 """``_hn_manifest.json``: what an ``into=`` directory holds the results of.
 
-It records the graph (structure and each node's code identity), the broadcast inputs, the
-source fingerprint, the column binding, ``keep`` and the outputs, plus the partitioning
+It records the graph (structure and each node's code identity), the broadcast inputs (but
+the values of ``unkeyed`` ones: inputs only resources read and name in ``not_in_key``, such
+as an API key or an endpoint; a change of those resumes the map), the source fingerprint, the column binding, ``keep`` and the outputs, plus the partitioning
 (rows per part) and the output schema. A rerun of the same map reuses the partitioning and
 schema and skips every part whose file exists; anything else that differs raises
 ``ValueError`` naming what changed, unless ``overwrite=True``.
@@ -32,7 +33,9 @@ def new_manifest(plan: Plan, source: Source, mapping: dict[str, str], keep: Sequ
         "format": FORMAT,
         "graph": plan.graph_hash,
         "code": plan.code_ids(every=True),
-        "inputs": {k: _value_id(v) for k, v in sorted(broadcast.items())},
+        "inputs": {k: _value_id(v) for k, v in sorted(broadcast.items())
+                   if k not in plan.unkeyed},
+        "unkeyed": sorted(plan.unkeyed),
         "source": source.fingerprint(),
         "source_kind": source.kind,
         "rows": source.n,
@@ -101,7 +104,8 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         code = [k for k in new["code"] if old["code"].get(k) != new["code"][k]]
         if code:
             out.append(f"the code of node(s) {', '.join(map(repr, code))} changed")
-    inputs = sorted(k for k in {*old["inputs"], *new["inputs"]}
+    unkeyed = {*new["unkeyed"]}  # also out of the identity when an older manifest has them
+    inputs = sorted(k for k in {*old["inputs"], *new["inputs"]} - unkeyed
                     if old["inputs"].get(k) != new["inputs"].get(k))
     if inputs:
         out.append(f"the broadcast input(s) {', '.join(map(repr, inputs))} changed")

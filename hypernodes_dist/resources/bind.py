@@ -4,8 +4,9 @@ A node that takes resources becomes a copy whose function fetches them from the
 per-process registry at each call (a dictionary look-up once built) and calls the
 original with them. Its parameters lose the resource names (they are not graph inputs,
 never hashed, never in events) and gain the inputs its resources read (broadcast values
-such as a base URL, which then count in its cache key); its code identity adds each
-resource's (``salt``). Every executor and engine calls the bound node as any other.
+such as a base URL, which then count in its cache key, unless every resource reading one
+names it in ``not_in_key`` and the node does not read it: ``unkeyed``); its code identity
+adds each resource's (``salt``). Every executor and engine calls the bound node as any other.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def _bound(node: HyperNode, resources: Mapping[str, Resource], idents: Mapping[s
     bound.salt = node.salt + tuple(f"{p}={idents[p]}" for p in direct)
     bound.code = node.code
     bound.resources = tuple(direct)
+    bound.unkeyed = node.unkeyed | {p for p in hidden if all(
+        p in r.not_in_key for r in needed if p in r.params)}
     # a sync node taking an async resource awaits it: the bound node is async
     bound.is_async = node.is_async or any(r.is_async for r in needed)
     bound.func = _caller(node, bound.is_async, direct, needed, tuple(hidden), idents)

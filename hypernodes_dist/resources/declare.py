@@ -4,20 +4,21 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, overload
 
 __all__ = ["Resource", "resource"]
 
 
 class Resource:
-    """A declared resource: its function, name and ``version``; never its built object (that
-    lives in each process's registry, ``resources.registry``)."""
+    """A declared resource: its function, name, ``version`` and ``not_in_key`` (inputs it
+    reads that do not change results); never its built object (that lives in each
+    process's registry, ``resources.registry``)."""
 
     kind = "resource"
 
     def __init__(self, func: Callable[..., Any], name: str | None = None,
-                 version: str | None = None) -> None:
+                 version: str | None = None, not_in_key: str | Iterable[str] = ()) -> None:
         if not callable(func):
             raise TypeError(f"@resource needs a function, got {type(func).__name__}")
         self.func = func
@@ -31,6 +32,7 @@ class Resource:
                          if p.default is not inspect.Parameter.empty}
         self.is_async = inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
         self.is_generator = inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
+        self.not_in_key = _not_in_key(self.name, not_in_key, self.params)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -40,26 +42,42 @@ class Resource:
         return f"Resource({self.name!r}, params={list(self.params)}{version})"
 
 
+def _not_in_key(name: str, names: str | Iterable[str], params: tuple[str, ...]
+                ) -> frozenset[str]:
+    """The inputs of resource ``name`` left out of cache keys (each one of its parameters)."""
+    found = (names,) if isinstance(names, str) else tuple(names)
+    for p in found:
+        if not isinstance(p, str) or p not in params:
+            raise ValueError(
+                f"resource {name!r}: not_in_key names {p!r}, which is not one of its "
+                f"parameters ({', '.join(params) or 'none'}); list parameter names in "
+                "not_in_key=")
+    return frozenset(found)
+
+
 @overload
 def resource(func: Callable[..., Any], /) -> Resource: ...
 @overload
-def resource(*, name: str | None = None,
-             version: str | None = None) -> Callable[[Callable[..., Any]], Resource]: ...
+def resource(*, name: str | None = None, version: str | None = None,
+             not_in_key: str | Iterable[str] = ()) -> Callable[[Callable[..., Any]], Resource]: ...
 
 
 def resource(func: Callable[..., Any] | None = None, /, *, name: str | None = None,
-             version: str | None = None) -> Any:
-    """Declare a resource: ``@resource`` or ``@resource(name=..., version=...)``.
+             version: str | None = None, not_in_key: str | Iterable[str] = ()) -> Any:
+    """Declare a resource: ``@resource`` or ``@resource(name=..., version=...,
+    not_in_key=...)``.
 
     Built lazily at most once per worker process (and event loop), reused by every call
     there, torn down when the engine closes or the process ends; never pickled, shipped or
     hashed by value. Its code identity (or ``version``) is part of the cache key of every
-    node that receives it.
+    node that receives it, and so is every input it reads, except those named in
+    ``not_in_key`` (a key, an endpoint: they do not change results), which stay out of
+    cache keys and of a dataset map's identity (``ValueError`` if one is not a parameter).
     """
     if func is not None:
         return Resource(func)
 
     def wrap(fn: Callable[..., Any]) -> Resource:
-        return Resource(fn, name=name, version=version)
+        return Resource(fn, name=name, version=version, not_in_key=not_in_key)
 
     return wrap

@@ -210,7 +210,7 @@ def graph_node(
     params = tuple(outer_of.get(p, p) for p in plan.inputs)
     defaults = {outer_of.get(p, p): OMITTED for p in plan.inputs if p not in plan.required}
     call = _NestedCall(plan, node_name, rename_in, out_map, mapped, map_mode)
-    return GraphNode(
+    built = GraphNode(
         call,
         name=node_name,
         params=params,
@@ -219,3 +219,5 @@ def graph_node(
         version=call.identity(),
         cache=not plan.interrupts,  # its result depends on a response, not only its inputs
     )
+    built.unkeyed = frozenset(outer_of.get(p, p) for p in plan.unkeyed)  # as inside
+    return built

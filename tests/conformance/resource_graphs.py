@@ -138,3 +138,20 @@ async def classify_global(text: str, base_url: str) -> str:
     r = await CLIENT.with_options(base_url=base_url).chat.completions.create(
         model="loopback", messages=[{"role": "user", "content": text}])
     return r.choices[0].message.content
+
+
+# ------------------------------------------------------------------ an endpoint not in the key
+
+
+@resource(not_in_key=("base_url", "api_key"))
+def endpoint_llm(base_url: str, api_key: str = "loopback"):
+    """Any endpoint and key give the same results: a change of either keeps cache hits and
+    resumes a dataset map."""
+    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=5.0)
+
+
+@node(output_name="label", retries=5, concurrency=16)
+async def classify_anywhere(text: str, endpoint_llm) -> str:
+    r = await endpoint_llm.chat.completions.create(
+        model="loopback", messages=[{"role": "user", "content": text}])
+    return r.choices[0].message.content

@@ -1,16 +1,20 @@
 """``@resource`` on every engine, with real clients (``openai``, ``httpx``, ``aiohttp``)
 against a loopback OpenAI-compatible server that fails 5% of requests: built at most once
 per process across maps, never shipped, torn down by ``engine.close()``, a failed build
-fails every item with ``ResourceError``; a module-level client works across maps."""
+fails every item with ``ResourceError``; a module-level client works across maps; inputs
+named in ``not_in_key`` (endpoint, key) stay out of cache keys and of a dataset map's
+identity."""
 
 from __future__ import annotations
 
 import time
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from hypernodes_bench.llm_server import LLMServer, label_of
-from hypernodes_dist import Graph
+from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.errors import ResourceError
 
 from . import resource_graphs as R
@@ -96,3 +100,49 @@ def test_a_module_level_client_works_across_maps(engine, flaky_server):
     inputs = {"text": TEXTS, "base_url": flaky_server.base_url}
     for _ in range(2):  # its connection pool is bound to the loop of its first use
         assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
+
+
+# ------------------------------------------------------------------ not_in_key
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    """Two endpoints of one (never failing) service: requests counted per endpoint."""
+    with LLMServer(latency=(0.001, 0.003)) as a, LLMServer(latency=(0.001, 0.003)) as b:
+        yield a, b
+
+
+def test_cache_hits_survive_a_changed_endpoint_and_key(engine, two_servers, tmp_path, logs):
+    a, b = two_servers
+    texts, cache = TEXTS[:30], DiskCache(tmp_path / "cache")
+    graph = Graph([R.endpoint_llm, R.classify_anywhere], engine=engine, cache=cache)
+    graph.map({"text": texts, "base_url": a.base_url, "api_key": "key-1"}, map_over="text")
+    b.reset()
+    res = graph.map({"text": texts, "base_url": b.base_url, "api_key": "key-2"},
+                    map_over="text")
+    assert _labels_ok(res, texts) and b.stats()["requests"] == 0  # all hits
+    default = Graph([R.llm, R.classify], engine=engine, cache=cache)  # the endpoint counts
+    default.map({"text": texts, "base_url": a.base_url, "log_dir": logs}, map_over="text")
+    res = default.map({"text": texts, "base_url": b.base_url, "log_dir": logs}, map_over="text")
+    assert _labels_ok(res, texts) and b.stats()["requests"] == len(texts)
+
+
+def test_a_dataset_map_resumes_after_the_endpoint_changes(engine, two_servers, tmp_path, logs):
+    a, b = two_servers
+    source, out = pa.table({"text": TEXTS[:40]}), tmp_path / "out"
+    graph = Graph([R.endpoint_llm, R.classify_anywhere], engine=engine)
+    graph.map(source=source, inputs={"base_url": a.base_url, "api_key": "key-1"}, into=out)
+    last = sorted(out.glob("part-*.parquet"))[-1]
+    lost = pq.read_table(last).num_rows
+    last.unlink()  # as if the map had been stopped before writing it
+    b.reset()
+    again = graph.map(source=source, inputs={"base_url": b.base_url, "api_key": "key-2"},
+                      into=out)
+    assert again.rows == 40 and again.failed == 0
+    table = again.to_arrow().sort_by("_hn_row")
+    assert table.column("label").to_pylist() == [label_of(t) for t in TEXTS[:40]]
+    assert b.stats()["requests"] == lost  # only the rows with no file, on the new endpoint
+    default, out = Graph([R.llm, R.classify], engine=engine), tmp_path / "default"
+    default.map(source=source, inputs={"base_url": a.base_url, "log_dir": logs}, into=out)
+    with pytest.raises(ValueError, match="broadcast input.s. 'base_url' changed"):
+        default.map(source=source, inputs={"base_url": b.base_url, "log_dir": logs}, into=out)
