@@ -25,7 +25,7 @@ from hypernodes_dist import DiskCache, Graph, meter, node, resource
 PRICE = 0.15e-6 * 1000  # dollars per token (an exaggerated price, so the numbers read well)
 
 
-@resource
+@resource(not_in_key=("base_url",))  # another port, same answers: a rerun resumes
 def llm(base_url: str):
     yield openai.AsyncOpenAI(base_url=base_url, api_key="local", max_retries=0)
 

@@ -9,8 +9,9 @@ with the disk cache on. The map reads the Parquet file in parts and writes its r
 Parquet dataset (``into=``): the rows never sit in one list in memory. Prints a results
 table, the errors table and a throughput/cache summary.
 
-Run it twice: the second run finds every part already written and computes nothing; a run
-killed halfway computes only the parts that have no output file yet.
+Run it twice: the second run finds every part already written and computes nothing (its
+local API listens on another port: the endpoint is ``not_in_key``); a run killed halfway
+computes only the parts that have no output file yet.
 
     python examples/enrich.py [--rows N] [--engine local|dask|daft] [--cache DIR] [--out DIR]
 """
@@ -51,7 +52,9 @@ def normalize(title: str) -> str:
     return " ".join(title.split()).title()
 
 
-@resource
+# The endpoint does not change the answers: it stays out of the cache keys and of the
+# output's identity, so a rerun against a server on another port resumes the same map.
+@resource(not_in_key=("base_url",))
 async def api(base_url: str):
     """One HTTP client (and connection pool) per worker process, closed at the end."""
     client = httpx.AsyncClient(base_url=base_url, timeout=5.0)

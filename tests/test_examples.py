@@ -20,3 +20,17 @@ def test_the_budget_demo_stops_then_a_rerun_pays_only_for_the_rest(tmp_path):
     written, left, calls = map(int, first.groups())
     assert written + left == 150 and 0 < left and calls >= written
     assert int(second.group(1)) == 150 and int(second.group(2)) == 150 - calls  # no row twice
+
+
+def test_the_enrich_demo_runs_again_and_resumes_on_a_new_port(tmp_path):
+    """``make demo`` twice: each run's local API takes a new port; the endpoint is
+    ``not_in_key``, so the second run finds every row written and computes nothing."""
+    cmd = [sys.executable, str(ROOT / "examples" / "enrich.py"), "--rows", "200", "--out",
+           str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "--no-progress"]
+    runs = [subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert re.search(r"rows=200 ok=\d+ failed=\d+", run.stdout), run.stdout
+    assert re.search(r"node executions=0 .*\n.*requests at the API: 0\n", runs[1].stdout), (
+        runs[1].stdout)
