@@ -156,3 +156,32 @@ def test_events_and_history_stay_per_item(kind):
     assert sorted((e.item_index, e.outputs["y"]) for e in ends.events) == [
         (i, i * 2) for i in range(10)]
     assert all(len(r.history) == 1 and r.history[0].node_id == double.name for r in res)
+
+
+CONFIG_CALLS: list[tuple[dict, list[str]]] = []
+
+
+@node(output_name="tagged", batch_size=4, scalars="config")
+async def tag_with(word: list[str], config: dict) -> list[str]:
+    CONFIG_CALLS.append((config, list(word)))
+    return [config["p"] + w for w in word]
+
+
+@node(output_name="word")
+async def lower(raw: str) -> str:
+    return raw.lower()
+
+
+@pytest.mark.parametrize("flowing", [False, True], ids=["columnar", "flowing"])
+def test_unhashable_scalar_values_are_grouped_by_equality(flowing):
+    CONFIG_CALLS.clear()
+    configs = [{"p": "@"}, {"p": "#"}, {"p": "@"}, {"p": "#"}, {"p": "@"}]  # equal, not same
+    words = ["A", "B", "C", "D", "E"]
+    g = Graph([lower, tag_with] if flowing else [tag_with])
+    res = g.map({"raw" if flowing else "word": words if flowing else [w.lower() for w in words],
+                 "config": configs}, map_over=["raw" if flowing else "word", "config"])
+    assert [r["tagged"] for r in res] == ["@a", "#b", "@c", "#d", "@e"]
+    assert sorted((c["p"], w) for c, ws in CONFIG_CALLS for w in ws) == [
+        ("#", "b"), ("#", "d"), ("@", "a"), ("@", "c"), ("@", "e")]  # one config per call
+    if not flowing:  # (a flow's calls also depend on when items arrive)
+        assert len(CONFIG_CALLS) == 2
