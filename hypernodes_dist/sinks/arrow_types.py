@@ -22,7 +22,7 @@ import cloudpickle
 import pyarrow as pa
 
 __all__ = ["PICKLE", "ENCODING", "annotation_type", "infer_type", "field_for", "to_array",
-           "is_pickled", "decode_column", "decode_table", "ValueTypeError"]
+           "is_pickled", "decode_column", "decode_table", "ValueTypeError", "stored_schema"]
 
 ENCODING = b"hypernodes.encoding"
 PICKLE = b"pickle"
@@ -147,3 +147,26 @@ def decode_table(table: pa.Table) -> Any:
             frame[field.name] = pd.Series(
                 decode_column(field, table.column(field.name)), index=frame.index, dtype=object)
     return frame
+
+
+def stored_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a part file is written with, the same on every engine: Daft's writer stores
+    strings, binaries and lists as their large variants (``_hn_usage`` as
+    ``map<large_string, double>``) and every field as nullable, so every other writer casts
+    to that too. Readers (``DatasetResult.dataset()``) read back the map's output schema."""
+    return pa.schema([pa.field(f.name, _stored(f.type), True, f.metadata) for f in schema],
+                     metadata=schema.metadata)
+
+
+def _stored(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.large_string()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pa.large_binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.large_list(pa.field("item", _stored(t.value_type), True))
+    if pa.types.is_map(t):
+        return pa.map_(_stored(t.key_type), _stored(t.item_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _stored(f.type), True, f.metadata) for f in t])
+    return t

@@ -27,6 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from hypernodes_dist.sinks.arrow_types import stored_schema
+
 __all__ = ["ParquetDataset", "Committed", "MANIFEST", "ERROR_COLUMN", "ROW_COLUMN",
            "USAGE_COLUMN", "USAGE_TYPE"]
 
@@ -137,9 +139,11 @@ class ParquetDataset:
         import pyarrow.parquet as pq
 
         tmp = self.temp_path(index)
+        table = table.cast(stored_schema(table.schema))  # one file schema on every engine
         try:
             pq.write_table(table, tmp, filesystem=self.filesystem,
-                           row_group_size=min(max(table.num_rows, 1), 1 << 17))
+                           row_group_size=min(max(table.num_rows, 1), 1 << 17),
+                           use_compliant_nested_type=False)  # list items named as Daft does
         except BaseException:
             self.remove(tmp)
             raise

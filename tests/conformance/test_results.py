@@ -57,3 +57,34 @@ def test_a_budget_stop_counts_unfinished_rows_and_a_rerun_counts_resumed(engine,
     # what the first run finished is not computed again: resumed from files or the cache
     finished_ok = first.rows - first.failed
     assert rest.resumed == (first.rows if into else finished_ok)
+
+
+@pytest.mark.parametrize("first_here", [True, False], ids=["then-local", "local-then"])
+def test_a_dataset_half_written_by_one_engine_and_finished_by_another_has_one_schema(
+        engine, logs, tmp_path, first_here):
+    """Every part file has the same Arrow schema whoever wrote it (``_hn_usage`` included:
+    Daft's writer stores large strings, the other writers cast to them), and the dataset
+    reads back with the map's output schema."""
+    import pyarrow.parquet as pq
+
+    from hypernodes_dist import GraphEngine
+
+    from . import usage_graphs as U
+
+    local = GraphEngine()
+    engines = [engine, local] if first_here else [local, engine]
+    into, xs = str(tmp_path / "out"), list(range(40))
+    first = Graph([U.priced], engine=engines[0]).map(
+        {"x": xs, "log_dir": logs}, map_over="x", into=into, budget={"cost": 2.0},
+        on_error="collect")
+    assert 0 < first.rows < 40 and first.unfinished == 40 - first.rows
+    rest = Graph([U.priced], engine=engines[1]).map(
+        {"x": xs, "log_dir": logs}, map_over="x", into=into)
+    assert (rest.rows, rest.unfinished, rest.resumed) == (40, 0, first.rows)
+    schemas = {pq.read_schema(p).remove_metadata() for p in (tmp_path / "out").glob("part-*")}
+    assert len(schemas) == 1, schemas
+    table = rest.to_arrow().sort_by("_hn_row")
+    assert str(table.schema.field("_hn_usage").type).startswith("map<string, double")
+    assert [dict(u) for u in table.column("_hn_usage").to_pylist()] == [
+        {"tokens": x, "cost": pytest.approx(x / 100)} for x in xs]
+    assert table.column("y").to_pylist() == [2 * x for x in xs]
