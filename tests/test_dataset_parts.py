@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hypernodes_dist import Graph, GraphEngine, node
-from hypernodes_dist.datasets.commit import PartPipeline, Steps
+from hypernodes_dist.datasets.commit import PartPipeline, Steps, _hand_over
 from hypernodes_dist.datasets.parts import Part
 from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.run.datasetrun import DatasetCollector
@@ -50,11 +50,11 @@ def _begun(tmp_path, part: Part, commit_seconds: float) -> tuple[ParquetDataset,
 def test_held_rows_are_written_by_time_while_the_part_is_still_running(tmp_path):
     part = Part(3, 300, 100, None)
     out, pipe = _begun(tmp_path, part, 0.2)
-    pipe.add(part, _rows(300, 340), PartReport(3, 300, 40))
+    pipe.add(part, 0, _rows(300, 340), PartReport(3, 300, 40))
     # the part goes on (no end()): its first 40 rows get their own file by time
     _wait_for(lambda: out.committed().get(3) is not None, "no file after commit_seconds")
     assert out.committed()[3].rows == 40
-    pipe.add(part, _rows(340, 400), PartReport(3, 340, 60))
+    pipe.add(part, 40, _rows(340, 400), PartReport(3, 340, 60))
     pipe.end(part)
     reports = pipe.take() + pipe.close()
     assert sum(r.n for r in reports) == 100
@@ -66,23 +66,37 @@ def test_held_rows_are_written_by_time_while_the_part_is_still_running(tmp_path)
 def test_a_fast_part_is_one_file(tmp_path):
     part = Part(0, 0, 10, None)
     out, pipe = _begun(tmp_path, part, 30)
-    pipe.add(part, _rows(0, 4), PartReport(0, 0, 4))
-    pipe.add(part, _rows(4, 10), PartReport(0, 4, 6))
+    pipe.add(part, 0, _rows(0, 4), PartReport(0, 0, 4))
+    pipe.add(part, 4, _rows(4, 10), PartReport(0, 4, 6))
     pipe.end(part)
     [report] = pipe.take() + pipe.close()
     assert (report.offset, report.n) == (0, 10)
     assert [f.name for f in tmp_path.glob("part-*")] == ["part-000000.parquet"]
 
 
-def test_committed_stops_at_a_gap_and_names_the_files_past_it(tmp_path):
+def test_committed_holds_the_first_rows_and_the_ranges_past_a_gap(tmp_path):
     out = ParquetDataset(tmp_path)
     out.create()
     for a, b in ((0, 10), (10, 20), (30, 40)):
         out.write_part(1, _rows(a, b), (a, b))
     found = out.committed()[1]
-    assert found.rows == 20 and not found.done(40)
-    assert [p.rsplit("/", 1)[1] for p in found.later] == [
-        "part-000001-000000030-000000040.parquet"]
+    assert found.rows == 20 and found.past == ((30, 40),) and not found.done(40)
+    assert Part(1, 100, 50, None).resumed(found.rows, found.past).todo() == [(20, 30), (40, 50)]
+
+
+def test_rows_not_finished_are_left_out_and_the_rest_written_around_them(tmp_path):
+    part = Part(2, 200, 10, None)
+    out, pipe = _begun(tmp_path, part, 30)
+    done = PartReport(2, 200, 10, skipped=[203, 204, 207])
+    _hand_over(pipe, part, 0, _rows(200, 210), done, time.monotonic())
+    pipe.end(part)
+    reports = pipe.take() + pipe.close()
+    assert sum(r.n for r in reports) == 7
+    assert sorted(f.name for f in tmp_path.glob("part-*")) == [
+        "part-000002-000000000-000000003.parquet", "part-000002-000000005-000000007.parquet",
+        "part-000002-000000008-000000010.parquet"]
+    assert sorted(pq.read_table(tmp_path).column("_hn_row").to_pylist()) == [
+        200, 201, 202, 205, 206, 208, 209]
 
 
 @node(output_name="y")
@@ -90,24 +104,25 @@ def double(x: int) -> int:
     return 2 * x
 
 
-def test_rerun_resumes_a_part_after_its_last_file_and_replaces_files_past_a_gap(tmp_path):
+def test_rerun_computes_only_the_rows_in_no_file(tmp_path):
     out = tmp_path / "out"
     g = Graph([double], engine=GraphEngine())
     source = pa.table({"x": list(range(50))})
     g.map(source=source, into=out)
     [whole] = out.glob("part-*.parquet")
     full = pq.read_table(whole)
-    whole.unlink()  # as if killed: the part's first 20 rows in files, a stray file past a gap
+    whole.unlink()  # as if stopped: rows 0..20 and 30..40 in files
     ds = ParquetDataset(out)
     ds.write_part(0, full.slice(0, 20), (0, 20))
     ds.write_part(0, full.slice(30, 10), (30, 40))
     res = g.map(source=source, into=out)
-    assert res.rows == 50
+    assert res.rows == 50 and res.usage["double"]["calls"] == 20
     table = res.to_arrow().sort_by("_hn_row")
     assert table.column("_hn_row").to_pylist() == list(range(50))
     assert table.column("y").to_pylist() == [2 * x for x in range(50)]
     assert sorted(f.name for f in out.glob("part-*")) == [
-        "part-000000-000000000-000000020.parquet", "part-000000-000000020-000000050.parquet"]
+        "part-000000-000000000-000000020.parquet", "part-000000-000000020-000000030.parquet",
+        "part-000000-000000030-000000040.parquet", "part-000000-000000040-000000050.parquet"]
 
 
 def test_steps_grow_for_fast_rows_and_stay_small_for_slow_ones():

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from hypernodes_dist.datasets.parts import Part
 from hypernodes_dist.datasets.report import PartReport
+from hypernodes_dist.datasets.stop import MapStop
 from hypernodes_dist.sinks.base import PartWriter
 
 __all__ = ["run_parts", "PartPipeline", "Steps", "Compute", "COMMIT_SECONDS"]
@@ -93,14 +94,12 @@ class Steps:
 
 @dataclass
 class _Held:
-    """Rows of one part computed but not in a file yet."""
+    """Rows of one part computed but not in a file yet: ``(first row, rows, report)`` per
+    hand-over (consecutive ones are written as one file)."""
 
     part: Part
-    start: int  # first row (position in the part) not in a file
-    tables: list[pa.Table] = field(default_factory=list)
-    reports: list[PartReport] = field(default_factory=list)
-    rows: int = 0
-    since: float | None = None  # when the oldest held rows were handed over
+    steps: list[tuple[int, pa.Table, PartReport]] = field(default_factory=list)
+    since: float | None = None  # when the oldest held rows may have finished
     ended: bool = False  # every row of the part has been handed over
 
 
@@ -120,30 +119,31 @@ class PartPipeline:
         self._thread.start()
 
     def begin(self, part: Part) -> None:
-        """Part ``part`` starts (from its row ``part.start``): waits until the previous
-        part's last file is written."""
+        """Part ``part`` starts: waits until the previous part's last file is written."""
         with self._cond:
             self._cond.wait_for(lambda: self._error is not None
                                 or not any(h.ended for h in self._held.values()))
             self._raise()
-            self._held[part.index] = _Held(part, part.start)
+            self._held[part.index] = _Held(part)
 
-    def add(self, part: Part, table: pa.Table, report: PartReport) -> None:
-        """The part's next rows, finished."""
+    def add(self, part: Part, start: int, table: pa.Table, report: PartReport,
+            since: float | None = None) -> None:
+        """The part's rows ``start .. start + len(table)``, finished (``since``: the
+        ``time.monotonic()`` they may have finished from, e.g. their step's start)."""
         with self._cond:
             self._raise()
             held = self._held[part.index]
-            held.tables.append(table)
-            held.reports.append(report)
-            held.rows += table.num_rows
+            held.steps.append((start, table, report))
             if held.since is None:
-                held.since = time.monotonic()
+                held.since = time.monotonic() if since is None else since
             self._cond.notify_all()
 
     def end(self, part: Part) -> None:
         """Every row of ``part`` has been added: its rest is written now."""
         with self._cond:
-            self._held[part.index].ended = True
+            held = self._held.get(part.index)
+            if held is not None:
+                held.ended = True
             self._cond.notify_all()
 
     def take(self) -> list[PartReport]:
@@ -177,22 +177,19 @@ class PartPipeline:
                 return held
         return None
 
-    def _next(self) -> tuple[Part, int, list[pa.Table], list[PartReport], bool] | None:
+    def _next(self) -> tuple[Part, list[tuple[int, pa.Table, PartReport]], bool] | None:
         """Under the lock: the next rows to write (``None``: stop)."""
         while True:
             if self._error is not None:
                 return None
             held = self._due(time.monotonic())
             if held is not None:
-                tables, reports, start = held.tables, held.reports, held.start
-                held.tables, held.reports, held.since = [], [], None
-                held.start += held.rows
-                held.rows = 0
+                steps, held.steps, held.since = held.steps, [], None
                 if held.ended:
                     del self._held[held.part.index]
                     self._cond.notify_all()
-                if tables:
-                    return held.part, start, tables, reports, held.ended
+                if steps:
+                    return held.part, steps, held.ended
                 continue
             if self._closing and not self._held:
                 return None
@@ -218,64 +215,90 @@ class PartPipeline:
                 self._cond.notify_all()
 
 
-def _write(out: PartWriter, part: Part, start: int, tables: list[pa.Table],
-           reports: list[PartReport], ended: bool) -> PartReport:
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    stop = start + table.num_rows
-    whole = start == 0 and stop == part.n and ended
-    out.write_part(part.index, table, None if whole else (start, stop))
-    total = PartReport(part.index, part.offset + start, 0, worker=reports[0].worker)
-    for r in reports:
+def _write(out: PartWriter, part: Part, steps: list[tuple[int, pa.Table, PartReport]],
+           ended: bool) -> PartReport:
+    """Each run of consecutive rows in ``steps`` as one file; their reports summed."""
+    runs: list[tuple[int, list[pa.Table]]] = []
+    stop = -1
+    for start, table, _ in steps:
+        if not table.num_rows:
+            continue
+        if start == stop:
+            runs[-1][1].append(table)
+        else:
+            runs.append((start, [table]))
+        stop = start + table.num_rows
+    for start, tables in runs:
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        end = start + table.num_rows
+        whole = start == 0 and end == part.n and ended
+        out.write_part(part.index, table, None if whole else (start, end))
+    first = steps[0]
+    total = PartReport(part.index, part.offset + first[0], 0, worker=first[2].worker)
+    for _, _, r in steps:
         total.add(r)
     return total
 
 
-def _stop(pipe: PartPipeline, part: Part, table: pa.Table, done: PartReport, kept: int,
-          report: Callable[[PartReport], None]) -> None:
-    """End ``part`` after its first ``kept`` rows of this step: the rest has no file (a
-    rerun computes it); what the step's calls metered is reported all the same."""
-    done.n = kept
-    if kept:
-        pipe.add(part, table.slice(0, kept), done)
-    else:
-        report(done)
-    pipe.end(part)
-    for r in pipe.take():
-        report(r)
+def _hand_over(pipe: PartPipeline, part: Part, a: int, table: pa.Table, done: PartReport,
+               since: float) -> None:
+    """Rows ``a ..`` of ``part`` (``table``) to ``pipe``, without the rows ``done``
+    says are not finished (refused by a budget, failed under ``"raise"``): every other
+    row is written, around them (a rerun computes only those)."""
+    if not done.skipped:
+        pipe.add(part, a, table, done, since)
+        return
+    gaps = sorted(p - part.offset - a for p in done.skipped)
+    done.n, done.skipped = table.num_rows - len(gaps), []
+    x, runs = 0, []
+    for g in [*gaps, table.num_rows]:
+        if g > x:
+            runs.append((x, g))
+        x = g + 1
+    for k, (x, y) in enumerate(runs or [(0, 0)]):
+        report = done if k == 0 else PartReport(part.index, part.offset + a + x, 0)
+        pipe.add(part, a + x, table.slice(x, y - x), report, since)
 
 
 def run_part(pipe: PartPipeline, part: Part, compute: Compute, steps: Steps,
-             report: Callable[[PartReport], None]) -> None:
-    """Rows ``part.start .. part.n`` of ``part`` in steps, handed to ``pipe``."""
+             report: Callable[[PartReport], None], stop: MapStop | None = None) -> None:
+    """The rows of ``part`` not in files yet (``part.todo()``) in steps, handed to
+    ``pipe``; a step that stops the map (its report's ``stop``) sets ``stop``, and no
+    step starts once ``stop`` is set."""
     pipe.begin(part)
-    a = part.start
-    while True:
-        b = a + steps.size(part.n - a)
-        t0 = time.perf_counter()
-        table, done = compute(a, b)
-        steps.record(b - a, time.perf_counter() - t0)
-        if done.stopped_at is not None:  # a budget is spent: keep the rows before it
-            _stop(pipe, part, table, done, done.stopped_at - (part.offset + a), report)
-            return
-        pipe.add(part, table, done)
-        for r in pipe.take():
-            report(r)
-        a = b
-        if a >= part.n:
-            break
-    pipe.end(part)
+    try:
+        for lo, hi in part.todo():
+            a = lo
+            while a < hi:
+                if stop is not None and stop.stopped():
+                    return
+                b = a + steps.size(hi - a)
+                t0, since = time.perf_counter(), time.monotonic()
+                table, done = compute(a, b)
+                steps.record(b - a, time.perf_counter() - t0)
+                _hand_over(pipe, part, a, table, done, since)
+                for r in pipe.take():
+                    report(r)
+                if done.stop is not None and stop is not None:
+                    stop.set()
+                a = b
+    finally:
+        pipe.end(part)
 
 
 def run_parts(out: PartWriter, commit_seconds: float, parts: Iterable[Part],
               open_part: Callable[[Part], Compute], report: Callable[[PartReport], None],
-              first_step: int = FIRST_STEP) -> None:
-    """Every part of ``parts`` through one pipeline (see the module docstring). On an
-    error, the rows finished before it are still written (a rerun skips them)."""
+              first_step: int = FIRST_STEP, stop: MapStop | None = None) -> None:
+    """Every part of ``parts`` through one pipeline (see the module docstring), until
+    ``stop`` is set. On an error, the rows finished before it are still written (a
+    rerun skips them)."""
     pipe = PartPipeline(out, commit_seconds)
     steps = Steps(commit_seconds, first_step)
     try:
         for part in parts:
-            run_part(pipe, part, open_part(part), steps, report)
+            if stop is not None and stop.stopped():
+                break
+            run_part(pipe, part, open_part(part), steps, report, stop)
     except BaseException:
         with suppress(BaseException):
             pipe.close(raise_errors=False)

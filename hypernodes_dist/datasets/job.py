@@ -20,6 +20,7 @@ from hypernodes_dist.datasets.commit import COMMIT_SECONDS, Compute, run_parts
 from hypernodes_dist.datasets.parts import Part
 from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.datasets.source import Source
+from hypernodes_dist.datasets.stop import MapStop
 from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
@@ -58,6 +59,16 @@ class PartTask:
     schema: pa.Schema
     out: PartWriter
     commit_seconds: float = COMMIT_SECONDS
+    stop: MapStop | None = None  # set when a row stops the map, or on Ctrl-C
+
+    @property
+    def collecting(self) -> BatchSettings:
+        """The settings a step runs with: under ``"raise"`` too, every row of the step
+        runs to its end (its calls paid for are kept), and ``_arrays`` stops the map at
+        the step's failed rows (they are not written; the first is raised)."""
+        if self.settings.on_error != "raise":
+            return self.settings
+        return replace(self.settings, on_error="collect")
 
     @property
     def read_columns(self) -> list[str]:
@@ -74,7 +85,7 @@ class PartTask:
         total = PartReport(part.index, part.offset + part.start, 0, worker=worker_id())
         with batch_writes(self.settings.cache, None) as writes:
             run_parts(self.out, self.commit_seconds, [part],
-                      lambda p: self.stepper(p, writes, data), total.add)
+                      lambda p: self.stepper(p, writes, data), total.add, stop=self.stop)
         return total
 
     def stepper(self, part: Part, writes: Any = None,
@@ -119,7 +130,7 @@ class PartTask:
             b = min(a + step, n)
             chunk = Chunk(offset + a, b - a, {k: v[a:b] for k, v in values.items()},
                           self.broadcast)
-            batch = execute_batch(self.plan, chunk, self.settings, writes)
+            batch = execute_batch(self.plan, chunk, self.collecting, writes)
             self._collect(batch, a, outputs, errors, report)
         return self._arrays(outputs, errors, offset, n, report)
 
@@ -136,12 +147,15 @@ class PartTask:
         for i, exc in errors.items():
             texts[i] = error_text(exc)
         arrays[ERROR_COLUMN] = pa.array(texts, pa.string())
-        # a row the budget refused is not done: the part stops before it (``commit.run_part``)
-        first = min((i for i, exc in errors.items() if isinstance(exc, BudgetExceededError)),
-                    default=n)
-        if first < n:
-            report.stopped_at, report.stop = offset + first, errors[first]
-        report.failed += sum(1 for i in errors if i < first)
+        # rows the budget refused, and under "raise" every failed row, are not done: they
+        # are not written (``commit.run_part``) and the first of them stops the map
+        raising = self.settings.on_error == "raise"
+        skipped = sorted(i for i, exc in errors.items()
+                         if raising or isinstance(exc, BudgetExceededError))
+        if skipped:
+            report.skipped = [offset + i for i in skipped]
+            report.stopped_at, report.stop = offset + skipped[0], errors[skipped[0]]
+        report.failed += len(errors) - len(skipped)
         return arrays
 
     def _collect(self, batch: BatchResult, a: int, outputs: dict[str, list[Any]],
@@ -248,19 +262,19 @@ class DatasetJob:
             task = replace(task, settings=replace(task.settings, concurrency=concurrency))
         with batch_writes(self.settings.cache, None) as writes:
             run_parts(task.out, task.commit_seconds, self.pending(),
-                      lambda p: task.stepper(p, writes), report)
+                      lambda p: task.stepper(p, writes), report, stop=task.stop)
 
     def resume(self, part: Part) -> Part | None:
-        """``part`` from its first row not in a file yet; ``None`` when all are (range
-        files past a gap, left by a crash, are removed: they are written again)."""
+        """``part`` without the rows already in files (its first rows, and ranges past a
+        gap); ``None`` when all are."""
         found = self.committed.get(part.index)
         if found is None:
             return part
         if found.done(part.n):
             return None
-        for path in found.later:
+        for path in found.stale:
             self.task.out.remove(path)
-        return part.resumed(found.rows) if found.rows else part
+        return part.resumed(found.rows, found.past) if found.rows or found.past else part
 
     def pending(self) -> Iterator[Part]:
         """The parts with rows not in a file, in order, each from its first such row

@@ -26,21 +26,34 @@ READ_BATCH = 65_536
 @dataclass
 class Part:
     """Rows ``offset .. offset + n`` of the source, and how to read them; its first
-    ``start`` rows are in output files already (a resumed part computes the rest)."""
+    ``start`` rows, and the row ranges ``written`` past them, are in output files already
+    (a resumed part computes the rest: ``todo()``)."""
 
     index: int
     offset: int
     n: int
     reader: Any  # read(columns) -> dict[str, pa.Array | list]
     start: int = 0
+    written: tuple[tuple[int, int], ...] = ()  # sorted ranges past ``start``, in files
 
     def read(self, columns: Sequence[str]) -> dict[str, Any]:
         """All ``n`` rows of ``columns`` (positions in the part; ``start`` not applied)."""
         return self.reader.read(columns)
 
-    def resumed(self, start: int) -> Part:
-        """This part with its first ``start`` rows already written."""
-        return replace(self, start=start)
+    def resumed(self, start: int, written: tuple[tuple[int, int], ...] = ()) -> Part:
+        """This part with its first ``start`` rows (and the ranges ``written``) in files."""
+        return replace(self, start=start, written=written)
+
+    def todo(self) -> list[tuple[int, int]]:
+        """The row ranges (positions in the part) with no output file yet, in order."""
+        out, a = [], self.start
+        for lo, hi in self.written:
+            if lo > a:
+                out.append((a, min(lo, self.n)))
+            a = max(a, hi)
+        if a < self.n:
+            out.append((a, self.n))
+        return out
 
     def files(self) -> tuple[FilePiece, ...] | None:
         """The Parquet pieces the part's rows are in (``None``: rows held in the part)."""

@@ -24,8 +24,10 @@ class PartReport:
     events: list[Event] = field(default_factory=list)
     worker: str = ""
     usage: dict[str, dict[str, float]] = field(default_factory=dict)  # per node: calls, metered
-    # the map's budget refused the row at this source position: it and the rows after it in
-    # its part are not written (a rerun computes them); ``stop`` is the error
+    # rows (source positions) that did not finish -- refused by the map's budget, or failed
+    # under on_error="raise" -- are not written (a rerun computes them); ``stop`` is the
+    # error of the first of them, at ``stopped_at``: it stops the map
+    skipped: list[int] = field(default_factory=list)
     stopped_at: int | None = None
     stop: BaseException | None = None
 
@@ -36,6 +38,7 @@ class PartReport:
         self.executed += other.executed
         self.hits += other.hits
         self.events.extend(other.events)
+        self.skipped.extend(other.skipped)
         if other.stopped_at is not None and (self.stopped_at is None
                                              or other.stopped_at < self.stopped_at):
             self.stopped_at, self.stop = other.stopped_at, other.stop

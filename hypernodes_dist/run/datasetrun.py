@@ -19,6 +19,7 @@ from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manife
 from hypernodes_dist.datasets.result import DatasetResult
 from hypernodes_dist.datasets.schema import Head, output_schema
 from hypernodes_dist.datasets.source import ListSource, Source, open_source
+from hypernodes_dist.datasets.stop import MapStop, on_ctrl_c
 from hypernodes_dist.errors import GraphInputError
 from hypernodes_dist.execution.job import BatchSettings
 from hypernodes_dist.inputs import (
@@ -167,18 +168,26 @@ def run_dataset(
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:
         out.write_manifest(encode(manifest))
-    task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out, commit_seconds)
+    stop = MapStop(run_prefix)
+    task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out, commit_seconds,
+                    stop)
     collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
                                  settings.session_id)
     try:
         if head is not None:
             collector.accept(_write_head(task, head))
         job = DatasetJob(task, src, rows_per_part, out.committed())
-        engine.execute_dataset(job, collector.accept)
+        with on_ctrl_c(stop) as pressed:
+            engine.execute_dataset(job, collector.accept)
     finally:
         collector.close()
+        stop.close()
         if settings.budget is not None:
             settings.budget.close()
+    if pressed:
+        raise KeyboardInterrupt
+    if collector.stop is not None and settings.on_error == "raise":
+        raise collector.stop
     return collector.result()
 
 
@@ -199,10 +208,14 @@ class DatasetCollector(Tally):
         super().__init__(callbacks, progress, total, f"map [{engine}] -> parquet", resumed,
                          unit="row", failed_name="failed")
         self.out, self.session_id, self.resumed = out, session_id, resumed
+        self.stop: BaseException | None = None  # the error that stopped the map (first row)
+        self.stop_at = 0
 
     def accept(self, report: PartReport) -> None:
         self.add(report.n, report.hits, report.failed, report.events, report.usage)
         report.events = []
+        if report.stop is not None and (self.stop is None or report.stopped_at < self.stop_at):
+            self.stop, self.stop_at = report.stop, report.stopped_at
 
     def result(self) -> DatasetResult:
         return DatasetResult(self.out, self.session_id, self.usage, self.total,

@@ -9,8 +9,9 @@
 - every other file the map keeps there starts with ``_`` or ``.`` (``_hn_manifest.json``,
   ``_hn_input-000042`` digests of streamed parts' rows, temporary files), so pyarrow,
   Daft and Dask read the directory as a dataset as it is;
-- ``committed()`` says, per part, how many of its first rows are in files: a rerun
-  computes only the rest.
+- ``committed()`` says, per part, which of its rows are in files (its first rows, and
+  ranges past a gap: a map stopped by an error or a budget writes every row that
+  finished, around the ones that did not): a rerun computes only the rest.
 
 Local paths and URIs (``s3://``, ``gs://``, ``file://``) go through ``pyarrow.fs``.
 """
@@ -44,11 +45,13 @@ _PART = re.compile(r"^part-(\d+)(?:-(\d+)-(\d+))?\.parquet$")
 @dataclass(frozen=True)
 class Committed:
     """What the files of one part hold: its first ``rows`` rows, or all of them
-    (``whole``: one file written at once); ``later`` names range files past a gap."""
+    (``whole``: one file written at once), and the row ranges ``past`` a gap after them;
+    ``stale`` names range files overlapping rows already held (to be removed)."""
 
     rows: int = 0
     whole: bool = False
-    later: tuple[str, ...] = ()
+    past: tuple[tuple[int, int], ...] = ()
+    stale: tuple[str, ...] = ()
 
     def done(self, n: int) -> bool:
         return self.whole or self.rows >= n
@@ -103,7 +106,7 @@ class ParquetDataset:
 
     def committed(self) -> dict[int, Committed]:
         """Per part with files: how many of its first rows they hold (consecutive files
-        from row 0 on; a file past a gap is listed in ``later``, by path, to be replaced)."""
+        from row 0 on) and the ranges of the files past a gap."""
         spans: dict[int, list[tuple[int, int, str]]] = {}
         whole: set[int] = set()
         for name in self.listing():
@@ -117,15 +120,8 @@ class ParquetDataset:
                 spans.setdefault(index, []).append((int(m.group(2)), int(m.group(3)), name))
         out = {i: Committed(whole=True) for i in whole}
         for index, found in spans.items():
-            if index in whole:
-                continue
-            rows, later = 0, []
-            for start, stop, name in sorted(found):
-                if start == rows:
-                    rows = stop
-                else:
-                    later.append(self.path(name))
-            out[index] = Committed(rows, False, tuple(later))
+            if index not in whole:
+                out[index] = _spans(found, self.path)
         return out
 
     def part_files(self) -> list[str]:
@@ -255,3 +251,18 @@ class ParquetDataset:
 
     def drop(self, marker: str) -> None:
         self.remove(marker)
+
+
+def _spans(found: list[tuple[int, int, str]], path: Any) -> Committed:
+    """``Committed`` from one part's range files ``(start, stop, name)``."""
+    rows, covered, past, stale = 0, 0, [], []
+    for start, stop, name in sorted(found):
+        if start < covered:  # overlaps rows another file holds (not written by a map)
+            stale.append(path(name))
+            continue
+        if start == rows:
+            rows = stop
+        else:
+            past.append((start, stop))
+        covered = stop
+    return Committed(rows, False, tuple(past), tuple(stale))

@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,9 +28,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hypernodes_bench.llm_server import LLMServer, label_of
 from hypernodes_dist import Graph
+from hypernodes_dist.errors import BudgetExceededError
 
 from . import dataset_graphs as D
+from . import usage_graphs as U
 from .engines import all_engines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +82,72 @@ def test_each_row_runs_once_and_fast_maps_write_one_file_per_part(engine, tmp_pa
     # commit_seconds (30) never splits a fast part; part 0 may start with the rows that
     # fixed the output type, written by the driver as their own file
     assert len(files) <= math.ceil(n / per_part) + 1, [f.name for f in files]
+
+
+# ------------------------------------------------------------------ a stop under "raise"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LLMServer(latency=(0.005, 0.015)) as s:
+        yield s
+
+
+def _paid_map(engine, server, out: Path, n: int, **kw):
+    return Graph([U.llm, U.paid_label], engine=engine).map(
+        source=pa.table({"text": [f"row {i}" for i in range(n)]}),
+        inputs={"base_url": server.base_url}, into=out, **kw)
+
+
+def _paid_once(engine, server, out: Path, n: int, paid: int) -> None:
+    """Every row paid in the stopped map is in a file; the rerun pays exactly the rest."""
+    written = _committed(out)
+    assert written == paid, f"{paid} rows paid, {written} written: paid rows thrown away"
+    assert sorted(_rows(out)) == sorted(set(_rows(out))), "a row written twice"
+    res = _paid_map(engine, server, out, n)
+    assert res.rows == n and res.failed == 0
+    assert server.stats()["requests"] == n, "a row was paid twice"
+    assert res.usage["paid_label"]["calls"] == n - paid
+    labels = res.to_arrow().sort_by("_hn_row").column("label").to_pylist()
+    assert labels == [label_of(f"row {i}") for i in range(n)]
+
+
+def test_a_budget_stop_under_raise_writes_every_paid_row(engine, server, tmp_path):
+    server.reset()
+    out, n = tmp_path / "out", 120
+    with pytest.raises(BudgetExceededError, match="budget cost=40"):
+        _paid_map(engine, server, out, n, budget={"cost": 40})
+    paid = server.stats()["requests"]
+    assert 40 <= paid < n
+    _paid_once(engine, server, out, n, paid)
+
+
+def test_ctrl_c_under_raise_writes_every_paid_row_then_raises(engine, server, tmp_path):
+    """SIGINT to the main thread once some rows are paid (as a terminal's Ctrl-C): the
+    calls in flight finish, every finished row is written, then KeyboardInterrupt."""
+    server.reset()
+    out, n = tmp_path / "out", 400
+    running = threading.Event()
+
+    def press() -> None:
+        while running.is_set() and server.stats()["requests"] < 30:
+            time.sleep(0.01)
+        if running.is_set():
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    running.set()
+    threading.Thread(target=press, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _paid_map(engine, server, out, n)
+    finally:
+        running.clear()
+    paid = server.stats()["requests"]
+    assert 30 <= paid < n
+    _paid_once(engine, server, out, n, paid)
+
+
+# ------------------------------------------------------------------ SIGKILL
 
 
 def _start(engine_id: str, tmp: Path, logs: Path) -> subprocess.Popen:

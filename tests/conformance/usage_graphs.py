@@ -94,3 +94,12 @@ async def told_to_wait_httpx(text: str, web) -> str:
         "model": "loopback", "messages": [{"role": "user", "content": text}]})
     r.raise_for_status()
     return r.json()["choices"][0]["message"]["content"]
+
+
+@node(output_name="label", concurrency=4)
+async def paid_label(text: str, llm) -> str:
+    """One paid request per row (a dollar each), at most four in flight."""
+    r = await llm.chat.completions.create(
+        model="loopback", messages=[{"role": "user", "content": text}], max_tokens=1)
+    meter(cost=1.0)
+    return r.choices[0].message.content

@@ -59,7 +59,7 @@ def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
     out = job.task.out
     writer = DaftWriter(out) if isinstance(out, ParquetDataset) else out
     run_parts(writer, job.task.commit_seconds, job.pending(),
-              lambda part: _stepper(job, part, batch_size), report)
+              lambda part: _stepper(job, part, batch_size), report, stop=job.task.stop)
 
 
 class DaftWriter:

@@ -10,6 +10,7 @@ first map that needs it, so building a ``DaskEngine`` is free.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -99,6 +100,13 @@ class ClientHandle:
                     cluster.close()
 
 
+def ignore_ctrl_c() -> None:
+    """A worker process ignores Ctrl-C (the terminal sends it to the whole process group):
+    the driver decides what a Ctrl-C stops (a dataset map finishes and writes its steps in
+    flight first)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class ProcessPool:
     """The process pools kept across maps (spawning workers costs ~1 s), plus a scratch directory.
 
@@ -126,8 +134,8 @@ class ProcessPool:
                 context = get_context()
                 check_main(context.get_start_method())
                 pool = self._pools[size] = ProcessPoolExecutor(
-                    size, mp_context=context, initializer=initialize_worker_process
-                )
+                    size, mp_context=context, initializer=initialize_worker_process,
+                    initargs=(ignore_ctrl_c,))
             return pool
 
     def broken(self, flows: bool = False) -> None:

@@ -18,6 +18,7 @@ core's part pipeline (``PartTask.run``: steps, a file of its finished rows every
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from itertools import islice
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
+from hypernodes_dist.datasets.stop import MapStop
 from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import NodeError
 
@@ -63,7 +65,7 @@ def run_part(shared: PartTask | Shipment, part: Part, frame: Any = None) -> Part
         if frame is None:
             return task.run(part)
         data = PandasReader(frame).read(task.read_columns)
-        at = Part(part.index, part.offset, len(frame), None, part.start)
+        at = replace(part, n=len(frame), reader=None)
         return task.run(at, data=data)
 
     return run_there(shared, work)
@@ -149,6 +151,9 @@ def run_dataset_distributed(engine: DaskEngine, job: DatasetJob, report: Report)
     """One future per part, at most a window of them in flight (a stream source is read as
     parts finish); the rest are cancelled on an error."""
     client = engine.client
+    stop = job.task.stop
+    if stop is not None:  # a Ctrl-C in the driver reaches the cluster's workers too
+        stop.also = lambda: client.submit(_set, stop, pure=False).result()
     with on_cluster(client, _shipment(job.task, "Dask workers")) as shared, \
             InFlight(client) as in_flight:
         if job.source.kind == "dask":
@@ -164,5 +169,13 @@ def run_dataset_distributed(engine: DaskEngine, job: DatasetJob, report: Report)
             in_flight.add(client.submit(run_part, shared, part, pure=False))
         for _, result in in_flight:
             report(result)
+            if stop is not None and stop.stopped():
+                continue  # the parts in flight end after their step; no new one starts
             for part in islice(parts, 1):  # keep the window full
                 in_flight.add(client.submit(run_part, shared, part, pure=False))
+
+
+def _set(stop: MapStop) -> None:
+    """On a worker: set ``stop`` in the cluster's shared values (the driver's are its
+    machine's)."""
+    stop.set()
