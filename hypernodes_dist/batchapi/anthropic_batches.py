@@ -1,0 +1,189 @@
+"""Anthropic Message Batches as a ``BatchTransport``, over an ``anthropic`` client (sync
+``Anthropic`` or async ``AsyncAnthropic``).
+
+Endpoint: ``/v1/messages`` (``messages.create``). A batch holds at most 100,000 requests and
+256 MB (models may differ); requests go inline with create, so ``upload`` is a no-op
+returning "".
+
+**Finding a map's batches without metadata.** Message Batches carry no metadata, so every
+``custom_id`` starts with the map's tag (``<12 hex of the map id>_<request digest>``).
+``list_batches(since)`` pages the batch list (newest first, stopping before ``since``: the
+ledger's time of the create it did not see answered, minus some clock skew) and, for each
+batch that has ended, reads the first line of its results: the batch is the map's when
+that custom_id carries the map's tag. A batch still running has no results to read yet:
+it is returned with ``confirmed=False`` (its ``total`` tells the file it may be); the
+driver waits for it to end before resubmitting the lines of a file it may hold, which
+keeps every request submitted once. Once confirmed, its results' custom_ids say which of
+the ledger's files it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, ClassVar
+
+from hypernodes_dist.batchapi.clientcalls import ClientCalls, http_status
+from hypernodes_dist.batchapi.identity import custom_id, map_tag
+from hypernodes_dist.batchapi.packing import pack
+from hypernodes_dist.batchapi.transport import (
+    CANCELLED,
+    ENDED,
+    EXPIRED,
+    RUNNING,
+    SERVER_ERROR,
+    SUCCEEDED,
+    BatchFile,
+    BatchInfo,
+    BatchNotFoundError,
+    FileLimits,
+    Line,
+    LineResult,
+    QueueLimitError,
+    kind_of_status,
+)
+
+__all__ = ["AnthropicBatches", "ANTHROPIC_LIMITS", "ERROR_STATUS"]
+
+# 256 MB less room for the request's wrapping ({"requests": [...]})
+ANTHROPIC_LIMITS = FileLimits(max_lines=100_000, max_bytes=256 * 2**20 - 2**16, one_model=False)
+ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+                "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+                "rate_limit_error": 429, "api_error": 500, "timeout_error": 504,
+                "overloaded_error": 529}
+ENDPOINT = "/v1/messages"
+
+
+class AnthropicBatches:
+    """``BatchTransport`` over an ``anthropic`` client (sync or async)."""
+
+    provider: ClassVar[str] = "anthropic"
+
+    def __init__(self, client: Any, map_id: str, limits: FileLimits = ANTHROPIC_LIMITS) -> None:
+        self.client, self.map_id, self.limits = client, map_id, limits
+        self.tag = map_tag(map_id)
+        self.call = ClientCalls(client)
+
+    @staticmethod
+    def supports(client: Any) -> bool:
+        """Whether ``client`` is an ``anthropic`` client with Message Batches."""
+        return (any(c.__module__.split(".")[0] == "anthropic" for c in type(client).__mro__)
+                and hasattr(getattr(client, "messages", None), "batches"))
+
+    def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
+        if "/" + endpoint.strip("/").replace(".", "/").removeprefix("v1/") != "/messages":
+            raise ValueError(f"the Anthropic Batch API path takes {ENDPOINT} "
+                             f"(messages.create); got {endpoint!r}: call it with "
+                             "batch_api=False")
+        cid = custom_id(self.tag, ENDPOINT, body)
+        # the client's own JSON (default separators), so sizes are what it sends
+        data = json.dumps({"custom_id": cid, "params": body}).encode() + b"\n"
+        return Line(cid, ENDPOINT, body.get("model"), data)
+
+    def pack(self, lines: Iterable[Line]) -> Iterator[BatchFile]:
+        return pack(lines, self.limits)
+
+    async def upload(self, file: BatchFile) -> str:
+        return ""
+
+    async def create(self, file: BatchFile, file_id: str,
+                     metadata: Mapping[str, str] | None = None) -> BatchInfo:
+        requests = [json.loads(line.data) for line in file.lines]
+        try:
+            batch = await self.call(self.client.messages.batches.create, requests=requests)
+        except Exception as exc:
+            if http_status(exc) == 429:
+                raise QueueLimitError(f"anthropic refused the batch of file {file.tag} "
+                                      f"(429): {exc}") from exc
+            raise
+        return _info(batch)
+
+    async def status(self, batch_id: str) -> BatchInfo:
+        try:
+            return _info(await self.call(self.client.messages.batches.retrieve, batch_id))
+        except Exception as exc:
+            if http_status(exc) == 404:
+                raise BatchNotFoundError(batch_id, self.provider) from exc
+            raise
+
+    async def results(self, info: BatchInfo) -> AsyncIterator[LineResult]:
+        url = info.results_url or f"{ENDPOINT}/batches/{info.id}/results"
+        data = await self.call(self.client.get, url, cast_to=bytes,
+                               options={"headers": {"Accept": "application/binary"}})
+        for raw in data.splitlines():
+            if raw.strip():
+                yield _line_result(raw)
+
+    async def cancel(self, batch_id: str) -> BatchInfo:
+        try:
+            return _info(await self.call(self.client.messages.batches.cancel, batch_id))
+        except Exception as exc:
+            status = http_status(exc)
+            if status == 404:
+                raise BatchNotFoundError(batch_id, self.provider) from exc
+            if status in (400, 409):
+                return await self.status(batch_id)
+            raise
+
+    async def list_batches(self, since: float | None = None) -> list[BatchInfo]:
+        found: list[BatchInfo] = []
+        after: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 100, **({"after_id": after} if after else {})}
+            page = await self.call(self.client.messages.batches.list, **kwargs)
+            data = list(page.data)
+            for batch in data:
+                info = _info(batch)
+                if since is not None and info.created_at < since:
+                    return found
+                mine = await self._owned(info)
+                if mine is not False:
+                    found.append(info if mine else _unconfirmed(info))
+            if not data or page.has_more is False:
+                return found
+            after = data[-1].id
+
+    async def _owned(self, info: BatchInfo) -> bool | None:
+        """True/False once the batch has ended (its first result's custom_id), None before."""
+        if info.state != ENDED:
+            return None
+        first = await self.call.first(self.client.messages.batches.results, info.id)
+        return first is not None and str(first.custom_id).startswith(self.tag + "_")
+
+    async def delete_files(self, info: BatchInfo) -> None:
+        try:
+            await self.call(self.client.messages.batches.delete, info.id)
+        except Exception as exc:
+            if http_status(exc) != 404:
+                raise
+
+
+def _info(batch: Any) -> BatchInfo:
+    c = batch.request_counts
+    failed = c.errored + c.canceled + c.expired
+    return BatchInfo(
+        id=batch.id, state=ENDED if batch.processing_status == "ended" else RUNNING,
+        provider_status=batch.processing_status, total=c.processing + c.succeeded + failed,
+        succeeded=c.succeeded, failed=failed, created_at=batch.created_at.timestamp(),
+        results_url=batch.results_url)
+
+
+def _unconfirmed(info: BatchInfo) -> BatchInfo:
+    return BatchInfo(**{**info.__dict__, "confirmed": False})
+
+
+def _line_result(raw: bytes) -> LineResult:
+    obj = json.loads(raw)
+    cid, result = obj.get("custom_id"), obj.get("result") or {}
+    kind = result.get("type")
+    if kind == "succeeded":
+        return LineResult(cid, SUCCEEDED, 200, result.get("message"))
+    if kind == "expired":
+        return LineResult(cid, EXPIRED, message="expired")
+    if kind == "canceled":
+        return LineResult(cid, CANCELLED, message="canceled")
+    body = result.get("error") or {}
+    error = body.get("error") or {}
+    status = ERROR_STATUS.get(error.get("type"), 500)
+    kind = kind_of_status(status) if kind == "errored" else SERVER_ERROR
+    return LineResult(cid, kind, status, body, str(error.get("message", "")))

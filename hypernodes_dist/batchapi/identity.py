@@ -1,0 +1,47 @@
+"""A request's identity and its ``custom_id``: the same request gets the same id anywhere.
+
+``custom_id = <map tag>_<request digest>``: the map tag (12 hex digits of a hash of the map's
+id) lets a transport recognize a map's lines without metadata (Anthropic); the digest (32 hex
+digits of BLAKE2b over the endpoint and the canonical JSON body: sorted keys, no spaces) makes
+identical requests one line. 45 characters of ``[a-f0-9_]``: valid for every provider
+(Anthropic: 1-64 of ``[a-zA-Z0-9_-]``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["canonical_body", "request_digest", "map_tag", "custom_id", "file_tag"]
+
+
+def canonical_body(body: Mapping[str, Any]) -> bytes:
+    """The body as canonical JSON bytes (sorted keys, no spaces, UTF-8)."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
+
+
+def request_digest(endpoint: str, body: Mapping[str, Any]) -> str:
+    """32 hex digits naming a request (endpoint + canonical body)."""
+    h = hashlib.blake2b(endpoint.encode() + b"\n" + canonical_body(body), digest_size=16)
+    return h.hexdigest()
+
+
+def map_tag(map_id: str) -> str:
+    """12 hex digits naming a map in its custom_ids."""
+    return hashlib.blake2b(map_id.encode(), digest_size=6).hexdigest()
+
+
+def custom_id(tag: str, endpoint: str, body: Mapping[str, Any]) -> str:
+    """The custom_id of a request of the map tagged ``tag``."""
+    return f"{tag}_{request_digest(endpoint, body)}"
+
+
+def file_tag(custom_ids: Iterable[str]) -> str:
+    """16 hex digits naming a file by its custom_ids (in order)."""
+    h = hashlib.blake2b(digest_size=8)
+    for cid in custom_ids:
+        h.update(cid.encode() + b"\n")
+    return h.hexdigest()

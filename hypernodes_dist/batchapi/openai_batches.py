@@ -1,0 +1,188 @@
+"""The OpenAI Batch API (Files + Batches) as a ``BatchTransport``: OpenAI and every
+OpenAI-compatible server reached through the ``openai`` client (Azure OpenAI, Together,
+Groq, vLLM), sync ``OpenAI`` or async ``AsyncOpenAI``.
+
+Endpoints: ``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/responses``. A file holds at
+most 50,000 lines and 200 MB, one model and one endpoint (embeddings: 50,000 inputs in all).
+Each batch carries ``metadata={"hn_map": <map id>, "hn_file": <file tag>}``;
+``list_batches`` pages the provider's batch list (newest first, stopping before ``since``)
+and keeps those whose ``hn_map`` is this map's: a batch created but never recorded (a
+crash between create and the ledger) is found that way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, ClassVar
+
+from hypernodes_dist.batchapi.clientcalls import ClientCalls, http_status
+from hypernodes_dist.batchapi.identity import custom_id, map_tag
+from hypernodes_dist.batchapi.packing import pack
+from hypernodes_dist.batchapi.transport import (
+    CANCELLED,
+    ENDED,
+    EXPIRED,
+    FAILED,
+    RUNNING,
+    SERVER_ERROR,
+    BatchError,
+    BatchFile,
+    BatchInfo,
+    BatchNotFoundError,
+    FileLimits,
+    Line,
+    LineResult,
+    QueueLimitError,
+    kind_of_status,
+)
+
+__all__ = ["OpenAIBatches", "OPENAI_LIMITS", "OPENAI_ENDPOINTS"]
+
+OPENAI_LIMITS = FileLimits(max_lines=50_000, max_bytes=200 * 2**20, one_model=True,
+                           max_inputs=50_000)
+OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses")
+_STATES = {"validating": RUNNING, "in_progress": RUNNING, "finalizing": RUNNING,
+           "cancelling": RUNNING, "completed": ENDED, "expired": ENDED, "cancelled": ENDED,
+           "failed": FAILED}
+_LINE_ERRORS = {"batch_expired": EXPIRED, "batch_cancelled": CANCELLED}
+
+
+def _endpoint(endpoint: str) -> str:
+    path = "/" + endpoint.strip("/").replace(".", "/")
+    path = path if path.startswith("/v1/") else "/v1" + path
+    if path not in OPENAI_ENDPOINTS:
+        raise ValueError(f"the OpenAI Batch API path takes {', '.join(OPENAI_ENDPOINTS)}; "
+                         f"got {endpoint!r}: call it with batch_api=False")
+    return path
+
+
+class OpenAIBatches:
+    """``BatchTransport`` over an ``openai`` client (sync or async)."""
+
+    provider: ClassVar[str] = "openai"
+
+    def __init__(self, client: Any, map_id: str, limits: FileLimits = OPENAI_LIMITS) -> None:
+        self.client, self.map_id, self.limits = client, map_id, limits
+        self.tag = map_tag(map_id)
+        self.meta_map = map_id if len(map_id) <= 512 else self.tag
+        self.call = ClientCalls(client)
+
+    @staticmethod
+    def supports(client: Any) -> bool:
+        """Whether ``client`` is an ``openai`` client with Files and Batches."""
+        return (any(c.__module__.split(".")[0] == "openai" for c in type(client).__mro__)
+                and hasattr(client, "batches") and hasattr(client, "files"))
+
+    def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
+        url = _endpoint(endpoint)
+        cid = custom_id(self.tag, url, body)
+        data = json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body},
+                          separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        got = body.get("input") if url == "/v1/embeddings" else None
+        inputs = len(got) if isinstance(got, list) else 1
+        return Line(cid, url, body.get("model"), data, inputs)
+
+    def pack(self, lines: Iterable[Line]) -> Iterator[BatchFile]:
+        return pack(lines, self.limits)
+
+    async def upload(self, file: BatchFile) -> str:
+        obj = await self.call(self.client.files.create,
+                              file=(f"hn-{file.tag}.jsonl", file.data(), "application/jsonl"),
+                              purpose="batch")
+        return str(obj.id)
+
+    async def create(self, file: BatchFile, file_id: str,
+                     metadata: Mapping[str, str] | None = None) -> BatchInfo:
+        meta = {"hn_map": self.meta_map, "hn_file": file.tag, **(metadata or {})}
+        try:
+            batch = await self.call(self.client.batches.create, input_file_id=file_id,
+                                    endpoint=file.endpoint, completion_window="24h",
+                                    metadata=meta)
+        except Exception as exc:
+            if http_status(exc) == 429:
+                raise QueueLimitError(f"openai refused the batch of file {file_id} "
+                                      f"(429, the queue limit): {exc}") from exc
+            raise
+        return _info(batch)
+
+    async def status(self, batch_id: str) -> BatchInfo:
+        try:
+            return _info(await self.call(self.client.batches.retrieve, batch_id))
+        except Exception as exc:
+            if http_status(exc) == 404:
+                raise BatchNotFoundError(batch_id, self.provider) from exc
+            raise
+
+    async def results(self, info: BatchInfo) -> AsyncIterator[LineResult]:
+        for file_id in (info.output_file_id, info.error_file_id):
+            if not file_id:
+                continue
+            content = await self.call(self.client.files.content, file_id)
+            for raw in content.content.splitlines():
+                if raw.strip():
+                    yield _line_result(raw)
+
+    async def cancel(self, batch_id: str) -> BatchInfo:
+        try:
+            return _info(await self.call(self.client.batches.cancel, batch_id))
+        except Exception as exc:
+            status = http_status(exc)
+            if status == 404:
+                raise BatchNotFoundError(batch_id, self.provider) from exc
+            if status in (400, 409):  # already over
+                return await self.status(batch_id)
+            raise
+
+    async def list_batches(self, since: float | None = None) -> list[BatchInfo]:
+        found: list[BatchInfo] = []
+        after: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": 100, **({"after": after} if after else {})}
+            page = await self.call(self.client.batches.list, **kwargs)
+            data = list(page.data)
+            for batch in data:
+                if since is not None and batch.created_at < since:
+                    return found
+                if (batch.metadata or {}).get("hn_map") == self.meta_map:
+                    found.append(_info(batch))
+            if not data or page.has_more is False:
+                return found
+            after = data[-1].id
+
+    async def delete_files(self, info: BatchInfo) -> None:
+        for file_id in (info.input_file_id, info.output_file_id, info.error_file_id):
+            if not file_id:
+                continue
+            try:
+                await self.call(self.client.files.delete, file_id)
+            except Exception as exc:
+                if http_status(exc) != 404:
+                    raise
+
+
+def _info(batch: Any) -> BatchInfo:
+    counts = batch.request_counts
+    errors = tuple(BatchError(e.code, e.message or "", e.line)
+                   for e in ((batch.errors.data or []) if batch.errors else []))
+    total = counts.total if counts else 0
+    succeeded = counts.completed if counts else 0
+    return BatchInfo(
+        id=batch.id, state=_STATES.get(batch.status, RUNNING), provider_status=batch.status,
+        total=total, succeeded=succeeded, failed=counts.failed if counts else 0,
+        errors=errors, metadata=dict(batch.metadata or {}), created_at=float(batch.created_at),
+        input_file_id=batch.input_file_id, output_file_id=batch.output_file_id,
+        error_file_id=batch.error_file_id)
+
+
+def _line_result(raw: bytes) -> LineResult:
+    obj = json.loads(raw)
+    cid, response, error = obj.get("custom_id"), obj.get("response"), obj.get("error")
+    if response:
+        status, body = int(response.get("status_code") or 0), response.get("body")
+        err = body.get("error") if isinstance(body, dict) else None
+        message = (err or {}).get("message", "") if isinstance(err, dict) else ""
+        return LineResult(cid, kind_of_status(status), status, body, message)
+    error = error or {}
+    return LineResult(cid, _LINE_ERRORS.get(error.get("code"), SERVER_ERROR), None, None,
+                      f"{error.get('code')}: {error.get('message', '')}")

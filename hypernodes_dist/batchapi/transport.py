@@ -1,0 +1,221 @@
+"""The ``BatchTransport`` protocol: what the driver needs from a provider's Batch API.
+
+One transport per provider (``openai_batches.py``, ``anthropic_batches.py``), built around
+the user's client object (sync or async: every operation is a coroutine; a sync client's
+calls run in a worker thread so the event loop never blocks, see ``clientcalls.py``).
+Run one from sync code with ``hypernodes_dist.execution.syncio.run_sync``.
+
+The driver's cycle, each provider call recorded in the ledger before and after:
+
+    lines = [t.line(endpoint, body) for ...]          # custom_id = map tag + request hash
+    for file in t.pack(lines):                         # within the provider's file limits
+        file_id = await t.upload(file)                 # "" where requests go inline
+        info = await t.create(file, file_id)           # QueueLimitError: wait, submit later
+    info = await t.status(info.id)                     # BatchNotFoundError: 404
+    async for r in t.results(info): ...                # one LineResult per custom_id
+    await t.delete_files(info)                         # after download
+    await t.list_batches(since)                        # the map's batches, after a crash
+
+A ``custom_id`` of the file that ``results`` does not return (a provider leaving out lines
+it did not run) is to be treated as ``cancelled``: submitted again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+__all__ = ["BatchTransport", "Line", "BatchFile", "FileLimits", "BatchInfo", "BatchError",
+           "LineResult", "SUCCEEDED", "CLIENT_ERROR", "RATE_LIMITED", "SERVER_ERROR",
+           "EXPIRED", "CANCELLED", "RETRYABLE", "RUNNING", "ENDED", "FAILED",
+           "BatchNotFoundError", "QueueLimitError", "UnsupportedClientError", "kind_of_status"]
+
+# what happened to one line
+SUCCEEDED = "succeeded"        # 2xx: ``body`` is the online response body
+CLIENT_ERROR = "client_error"  # 4xx but 408/409/429: the item fails as online
+RATE_LIMITED = "rate_limited"  # 429: submitted again
+SERVER_ERROR = "server_error"  # 5xx, 408, 409, an unknown line error: submitted again
+EXPIRED = "expired"            # not run before the batch's window closed: submitted again
+CANCELLED = "cancelled"        # not run, the batch was cancelled: submitted again
+RETRYABLE = frozenset({RATE_LIMITED, SERVER_ERROR, EXPIRED, CANCELLED})
+
+# a batch's state
+RUNNING = "running"  # validating, in progress, finalizing, cancelling
+ENDED = "ended"      # results can be read (completed, expired, cancelled)
+FAILED = "failed"    # failed as a whole (validation, queue limit): no results, every line again
+
+
+def kind_of_status(status: int) -> str:
+    """A line's kind from the HTTP status the provider answered it with."""
+    if 200 <= status < 300:
+        return SUCCEEDED
+    if status == 429:
+        return RATE_LIMITED
+    if status >= 500 or status in (408, 409):
+        return SERVER_ERROR
+    return CLIENT_ERROR
+
+
+@dataclass(frozen=True)
+class FileLimits:
+    """A provider's limits on one batch file."""
+
+    max_lines: int
+    max_bytes: int
+    one_model: bool            # every line of a file uses one model (OpenAI)
+    max_inputs: int | None = None  # embedding inputs in all (OpenAI embeddings)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One request as a line of a batch file."""
+
+    custom_id: str
+    endpoint: str
+    model: str | None
+    data: bytes   # the serialized line as the provider receives it, newline included
+    inputs: int = 1  # embedding inputs it carries (1 for others)
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    """Lines packed within a provider's limits: one batch."""
+
+    lines: tuple[Line, ...]
+    endpoint: str
+    model: str | None
+    size: int
+    tag: str   # names the file (a hash of its custom_ids, in order)
+
+    @property
+    def custom_ids(self) -> list[str]:
+        return [line.custom_id for line in self.lines]
+
+    def data(self) -> bytes:
+        return b"".join(line.data for line in self.lines)
+
+
+@dataclass(frozen=True)
+class BatchError:
+    """A whole-batch error as the provider reports it (validation, queue limit)."""
+
+    code: str | None
+    message: str
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """A batch as the provider last reported it."""
+
+    id: str
+    state: str              # RUNNING | ENDED | FAILED
+    provider_status: str    # the provider's own word ("in_progress", "ended", ...)
+    total: int = 0
+    succeeded: int = 0
+    failed: int = 0         # lines that did not succeed (4xx, 5xx, expired, cancelled)
+    errors: tuple[BatchError, ...] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    created_at: float = 0.0
+    input_file_id: str | None = None
+    output_file_id: str | None = None   # OpenAI
+    error_file_id: str | None = None    # OpenAI
+    results_url: str | None = None      # Anthropic
+    confirmed: bool = True  # False: found by list_batches, not yet known to be the map's
+
+    @property
+    def queue_limited(self) -> bool:
+        """Failed for the provider's enqueued-token limit: submit again later."""
+        return self.state == FAILED and any(e.code == "token_limit_exceeded"
+                                            for e in self.errors)
+
+    @property
+    def message(self) -> str:
+        """The provider's whole-batch errors, one line each ("" when none)."""
+        return "\n".join(f"{e.code}: {e.message}" + (f" (line {e.line})" if e.line else "")
+                         for e in self.errors)
+
+
+@dataclass(frozen=True)
+class LineResult:
+    """What the provider answered for one line."""
+
+    custom_id: str
+    kind: str                  # SUCCEEDED, CLIENT_ERROR, ... (above)
+    status: int | None = None  # the HTTP status of an answered line
+    body: Any = None           # its response body (the online one; an error body)
+    message: str = ""
+
+    @property
+    def retry(self) -> bool:
+        """Submit it again (the provider did not answer it for good)."""
+        return self.kind in RETRYABLE
+
+
+class BatchNotFoundError(LookupError):
+    """The provider does not know the batch (404: deleted, or another API key)."""
+
+    def __init__(self, batch_id: str, provider: str) -> None:
+        super().__init__(f"{provider} does not know batch {batch_id!r} (404): it was deleted "
+                         "or belongs to another API key; its requests are resubmitted only "
+                         "if you say so")
+        self.batch_id = batch_id
+
+
+class QueueLimitError(RuntimeError):
+    """The provider refused a batch at create for its queue limit (a gateway's 429):
+    submit it again once an earlier batch has finished."""
+
+
+class UnsupportedClientError(TypeError):
+    """A client no transport knows."""
+
+
+@runtime_checkable
+class BatchTransport(Protocol):
+    """One provider's Batch API, around the user's client (sync or async)."""
+
+    provider: ClassVar[str]
+    limits: FileLimits
+    map_id: str
+
+    def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
+        """A request as a line; its custom_id derives from the map and the request's
+        identity (endpoint + canonical body), so identical requests share one line."""
+        ...
+
+    def pack(self, lines: Iterable[Line]) -> Iterator[BatchFile]:
+        """Files within ``limits``, one custom_id once (repeats dropped)."""
+        ...
+
+    async def upload(self, file: BatchFile) -> str:
+        """Upload a file; its provider id ("" where requests go inline with create)."""
+        ...
+
+    async def create(self, file: BatchFile, file_id: str,
+                     metadata: Mapping[str, str] | None = None) -> BatchInfo:
+        """Create the batch (metadata names the map where the provider keeps it);
+        ``QueueLimitError`` when refused for the queue limit."""
+        ...
+
+    async def status(self, batch_id: str) -> BatchInfo:
+        """The batch now; ``BatchNotFoundError`` on 404."""
+        ...
+
+    def results(self, info: BatchInfo) -> AsyncIterator[LineResult]:
+        """The lines of an ENDED batch, in the provider's order."""
+        ...
+
+    async def cancel(self, batch_id: str) -> BatchInfo:
+        """Ask the provider to cancel (a batch already over is returned as it is)."""
+        ...
+
+    async def list_batches(self, since: float | None = None) -> list[BatchInfo]:
+        """The batches this map created (created at or after ``since``, a Unix time),
+        newest first; see each provider's module for how they are recognized."""
+        ...
+
+    async def delete_files(self, info: BatchInfo) -> None:
+        """Delete what the batch left at the provider (files / the batch's results)."""
+        ...
