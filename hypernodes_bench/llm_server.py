@@ -29,6 +29,7 @@ import asyncio
 import hashlib
 import json
 import math
+import os
 import random
 import socket
 import subprocess
@@ -190,6 +191,14 @@ def _error(status: int, message: str, code: str, headers: dict[str, str]) -> Any
     return web.json_response(payload, status=status, headers=headers)
 
 
+async def until_orphaned(every: float = 1.0) -> None:
+    """Return once the process that started this server is gone (a test killed before its
+    ``stop()``): a loopback server never outlives its test run."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(every)
+
+
 def _serve(args: argparse.Namespace) -> None:
     app = App(args)
     web_app = web.Application()
@@ -216,7 +225,7 @@ def _serve(args: argparse.Namespace) -> None:
         sock.bind(("127.0.0.1", args.port))
         await web.SockSite(runner, sock, backlog=1024).start()
         print(sock.getsockname()[1], flush=True)
-        await asyncio.Event().wait()
+        await until_orphaned()
 
     asyncio.run(main())
 
