@@ -19,6 +19,7 @@ __all__ = [
     "GateDecisionError",
     "BatchLengthError",
     "BudgetExceededError",
+    "MapStoppedWarning",
     "NodeError",
     "EngineNotFoundError",
     "UnpicklableError",
@@ -146,6 +147,11 @@ class BudgetExceededError(RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.quantity, self.spent, self.limit, self.node),
                 self.__dict__)
+
+
+class MapStoppedWarning(UserWarning):
+    """A map stopped before every row was done (its budget was reached): one line naming
+    what happened, how many rows are done and what to do."""
 
 
 def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseException:

@@ -41,6 +41,7 @@ __all__ = [
     "StreamingChunkEvent",
     "StreamingEndEvent",
     "PolicyEvent",
+    "ProgressEvent",
     "NodeColumns",
     "BatchEvent",
     "expanded",
@@ -174,6 +175,33 @@ class PolicyEvent(Event):
     attempt: int = 1
     wait: float = 0.0
     reason: str = ""
+
+
+@dataclass(kw_only=True)
+class ProgressEvent(Event):
+    """A map's progress, from the driver, to callbacks defining ``on_progress`` (only them:
+    ``on_event`` does not receive it): at most 4 a second while rows finish, on every engine
+    (counts come from where rows run), and one with ``final=True`` when the map ends. It may
+    arrive in a thread of the driver that is not the caller's.
+
+    ``done`` rows of ``total`` are finished (``resumed`` of them by an earlier run into the
+    same ``into=``), ``failed`` and ``cache_hits`` among them; ``rate`` is this run's rows
+    per second and ``eta`` the seconds left at that rate (``None`` until known); ``usage``
+    is what this run metered so far (summed over nodes) and ``projected`` what it will have
+    metered when every row is done at the same mean per row (absent once the map is done);
+    ``stopped`` says what stopped the map (a budget, an error, an interrupt), or ``None``."""
+
+    done: int = 0
+    total: int | None = None
+    failed: int = 0
+    cache_hits: int = 0
+    resumed: int = 0
+    rate: float | None = None
+    eta: float | None = None
+    usage: dict[str, float] = field(default_factory=dict)
+    projected: dict[str, float] = field(default_factory=dict)
+    stopped: str | None = None
+    final: bool = False
 
 
 @dataclass

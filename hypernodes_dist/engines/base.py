@@ -19,6 +19,7 @@ from hypernodes_dist.engines.kit import (
     partition_size,
 )
 from hypernodes_dist.execution.job import MapJob, Sink
+from hypernodes_dist.execution.progress import LocalChannel, ProgressChannel, Receive
 from hypernodes_dist.resources import release_resources
 
 if TYPE_CHECKING:  # pyarrow loads only for dataset maps
@@ -49,6 +50,14 @@ class Engine:
         time (``commit_seconds``); ``report`` receives the ``PartReport``s in the driver.
         Default: the parts one after another, here."""
         job.run_here(report)
+
+    def progress_channel(self, receive: Receive) -> ProgressChannel:
+        """How rows finished where they run reach the driver while a map runs
+        (``execution/progress.py``): ``receive`` gets ``{batch offset: rows done}`` dicts.
+        Default: in this process (batches run in its threads); an engine whose batches run
+        in other processes returns a channel that reaches them (``engines/channels.py``:
+        this machine; its own means on a cluster)."""
+        return LocalChannel(receive)
 
     def dataset_workers(self) -> int:
         """Parts that run at once (sizes the parts of a dataset map)."""

@@ -26,6 +26,7 @@ from hypernodes_dist.execution.columnar import Columnar
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.flow import ItemFlow
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, Paused
+from hypernodes_dist.execution.progress import ticker
 from hypernodes_dist.execution.runstate import RunContext, RunState
 from hypernodes_dist.execution.scheduler import Scheduler
 from hypernodes_dist.execution.syncio import run_sync
@@ -59,6 +60,8 @@ async def run_batch(
             result = await _per_item(plan, chunk, settings, buffer)
     result.worker = worker_id()
     result.run_prefix = settings.run_prefix
+    if settings.progress is not None:
+        ticker(settings.progress).tick(chunk.offset, chunk.n)
     return result
 
 
@@ -73,8 +76,11 @@ async def _per_item(
     result = BatchResult(chunk.offset, chunk.n, {k: [MISSING] * chunk.n for k in wanted})
     result.histories = [[] for _ in range(chunk.n)]
     running: dict[str, Any] | None = {} if keys is not None and plan.is_async else None
+    ticks = ticker(settings.progress) if settings.progress is not None else None
+    finished = 0
 
     async def one(i: int) -> None:
+        nonlocal finished
         index = chunk.offset + i
         run_id = settings.run_id(index)
         emit = result.events.append if settings.want_events else None
@@ -111,6 +117,9 @@ async def _per_item(
                              status="error" if error else "interrupted" if state.pending_interrupt else "complete",
                              error=error,
                              outputs=state.outputs(), duration_ms=(time.perf_counter() - t0) * 1e3))
+        finished += 1
+        if ticks is not None:
+            ticks.tick(chunk.offset, finished)
 
     if plan.is_async:
         sem = asyncio.Semaphore(settings.concurrency or chunk.n)

@@ -5,10 +5,12 @@ level (``Clock``) and handed to the cache in slices; async nodes run as one ``ga
 (at most ``settings.concurrency`` calls in flight). A node's ``Policy`` wraps its calls
 through a ``Guard``. ``ColumnCalls`` is mixed into ``Columnar``, whose state it reads:
 ``plan``, ``n``, ``values``, ``consts``, ``settings``, ``chunk``, ``events``, ``timing``,
-``times``, ``guards``, ``usage``, ``calls``. Without events a sync node's calls are timed in
-spans (one clock reading per span); a node whose first calls are slow (``SLOW_CALL``) gets a
-per-call clock for the rest, so map items' history shows real times at no cost on trivial
-nodes.
+``times``, ``guards``, ``usage``, ``calls``, ``ticks`` (the progress channel: its
+``_advance(calls done)`` runs after each slice or call). Without events a sync node's calls
+are timed in spans (one clock reading per span); a node whose first calls are slow
+(``SLOW_CALL``) gets a per-call clock for the rest, so map items' history shows real times
+at no cost on trivial nodes. With a cache or a progress channel, sync calls run in slices
+that adapt to the call time.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from hypernodes_dist.policies.usage import NODE, NodeTotal, add_usage, node_tota
 __all__ = ["ColumnCalls", "Clock", "PERSIST_SLICE", "Persist"]
 
 PERSIST_SLICE = 64  # at most this many cacheable sync calls between two hand-overs
+PROGRESS_SLICE = 4096  # without a cache, at most this many calls between progress reports
 # the slice size a node reached in its last batch (slices still halve as soon as one is slow)
 _SLICES: weakref.WeakKeyDictionary[HyperNode, int] = weakref.WeakKeyDictionary()
 Persist = Callable[[Sequence[int], Sequence[Any]], None]
@@ -113,26 +116,30 @@ class ColumnCalls:
             self.times[node.name] = (todo, spans)
         its = self._args(node, todo)
         out: list[Any] = []
-        if persist is None:
+        if persist is None and self.ticks is None:
             if spans is not None and len(todo) > PROBE:
                 self._map(node, fn, [islice(it, PROBE) for it in its], todo, out, None, spans)
                 clock = _per_call(spans, len(out))
             self._map(node, fn, its, todo, out, clock, spans)
             _close(spans, len(out))
             return out
-        start, size = 0, _SLICES.get(node, 1)
-        while start < len(todo):  # persist as slices finish; slices adapt to the call time
+        # persist (and report progress) as slices finish; slices adapt to the call time
+        cap = PERSIST_SLICE if persist is not None else PROGRESS_SLICE
+        start, size = 0, min(_SLICES.get(node, 1), cap)
+        while start < len(todo):
             stop = min(start + size, len(todo))
             t0 = time.monotonic()
             try:
                 self._map(node, fn, [islice(it, stop - start) for it in its], todo, out, clock,
                           spans)
             finally:  # even on Ctrl-C: what finished in this slice is kept
-                persist(todo[start:len(out)], out[start:])
+                if persist is not None:
+                    persist(todo[start:len(out)], out[start:])
+                self._advance(len(out))
             if start == 0 and spans is not None:
                 clock = _per_call(spans, len(out))
             quick = time.monotonic() - t0 < FLUSH_SECONDS / 4
-            size = min(size * 2, PERSIST_SLICE) if quick else max(1, size // 2)
+            size = min(size * 2, cap) if quick else max(1, size // 2)
             start = stop
         _close(spans, len(out))
         _SLICES[node] = size
@@ -148,8 +155,11 @@ class ColumnCalls:
         clock = Clock()
         clock.starts, clock.ends = array("d", bytes(8 * n)), array("d", bytes(8 * n))
 
+        called = 0
+
         def on_call(positions: Sequence[int], values: list[Any], start: float,
                     end: float) -> None:
+            nonlocal called
             if type(positions) is range and not _has_error(values):  # whole slices
                 a, b = positions.start, positions.stop
                 out[a:b] = values
@@ -164,6 +174,8 @@ class ColumnCalls:
                     clock.starts[k], clock.ends[k] = start, end
             if persist is not None:
                 persist([todo[k] for k in positions], [out[k] for k in positions])
+            called += len(positions)
+            self._advance(called)
 
         self.timing[node.name] = (todo, clock)
         node_keys = self.node_keys.get(node.name)
@@ -198,7 +210,7 @@ class ColumnCalls:
         its = self._args(node, todo)
         limit = self.settings.concurrency or len(todo)
         plain = (guard is None and persist is None and not self.settings.want_events
-                 and not node.nests)
+                 and not node.nests and self.ticks is None)
         if plain and node.is_async and not node.streaming and len(todo) <= limit:
             t0 = time.perf_counter()
             results = await asyncio.gather(*map(_positional(node), *its), return_exceptions=True)
@@ -206,8 +218,10 @@ class ColumnCalls:
             return self._gathered(node, todo, results)
         sem = asyncio.Semaphore(limit)
         params = node.params
+        called = 0
 
         async def one(args: tuple[Any, ...], i: int) -> Any:
+            nonlocal called
             if node.nests:  # this task's own context
                 PARENT.set(self._parent(i))
             async with sem:
@@ -215,6 +229,8 @@ class ColumnCalls:
                 value, t0 = await timed_call(node, kwargs, guard, self.chunk.offset + i)
                 if persist is not None:
                     persist((i,), (value,))
+                called += 1
+                self._advance(called)
                 return value, t0, time.perf_counter()
 
         results = await asyncio.gather(

@@ -26,6 +26,7 @@ from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.guard import Guard
 from hypernodes_dist.execution.invoke import split_outputs
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, Chunk, TimedSpan
+from hypernodes_dist.execution.progress import ticker
 from hypernodes_dist.execution.scheduler import decision_target
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.nodes import END, HyperNode
@@ -98,6 +99,9 @@ class Columnar(ColumnCalls):
         self.view = CacheView(self.cache, writes)
         self.started = time.time()
         self.clock = time.time() - time.perf_counter()
+        # the progress channel's ticker, and the node being called: (its place, its calls)
+        self.ticks = ticker(settings.progress) if settings.progress is not None else None
+        self.stage = (0, 1)
 
     async def run(self) -> BatchResult:
         hits: dict[str, dict[int, Any]] = {}
@@ -106,11 +110,20 @@ class Columnar(ColumnCalls):
                 self._precompute_keys(node)
             if not self.settings.want_events:  # events report every node: fetch everything
                 hits = self._plan_demand()
-        for node in self.plan.nodes:
+        for k, node in enumerate(self.plan.nodes):
             todo = self._todo(node, hits.get(node.name))
             if todo:
+                self.stage = (k, len(todo))
                 await self._execute(node, todo)
         return self._result()
+
+    def _advance(self, calls: int) -> None:
+        """``calls`` of the current node's calls are done: the batch's rows count as done
+        in proportion to the nodes behind them (the progress channel; no-op without it)."""
+        if self.ticks is not None:
+            k, total = self.stage
+            done = self.n * (k * total + calls) // (len(self.plan.nodes) * total)
+            self.ticks.tick(self.chunk.offset, done)
 
     # -- demand: which items must resolve each node (chained keys make warm runs cheap) -----
     def _plan_demand(self) -> dict[str, dict[int, Any]]:

@@ -91,6 +91,8 @@ class ItemFlow(Columnar):
                     await self._step(node, i)
         finally:
             self.pending -= 1
+            if self.ticks is not None:
+                self.ticks.tick(self.chunk.offset, self.n - self.pending)
 
     def _takes_part(self, node: HyperNode, i: int) -> bool:
         active = self.active.get(node.name)

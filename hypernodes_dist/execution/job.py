@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.events import Event
 from hypernodes_dist.execution.batching import fit_size
+from hypernodes_dist.execution.progress import ProgressChannel
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import Budget
@@ -57,6 +58,7 @@ class BatchSettings:
     responses: dict[str, Any] | None = None
     handlers: dict[str, Callable[[Any], Any]] | None = None
     budget: Budget | None = None  # map(budget=...): metered calls stop once it is spent
+    progress: ProgressChannel | None = None  # rows finished, sent to the driver as they end
 
     def run_id(self, index: int) -> str:
         return f"{self.run_prefix}{index}"

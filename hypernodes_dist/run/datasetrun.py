@@ -33,6 +33,7 @@ from hypernodes_dist.inputs import (
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.run.progress import Tally
+from hypernodes_dist.run.stops import Kept, is_budget
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
 if TYPE_CHECKING:
@@ -172,22 +173,20 @@ def run_dataset(
     task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out, commit_seconds,
                     stop)
     collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
-                                 settings.session_id)
-    try:
-        if head is not None:
-            collector.accept(_write_head(task, head))
-        job = DatasetJob(task, src, rows_per_part, out.committed())
-        with on_ctrl_c(stop) as pressed:
-            engine.execute_dataset(job, collector.accept)
-    finally:
-        collector.close()
-        stop.close()
-        if settings.budget is not None:
-            settings.budget.close()
-    if pressed:
-        raise KeyboardInterrupt
-    if collector.stop is not None and settings.on_error == "raise":
-        raise collector.stop
+                                 settings.session_id, settings)
+    with collector.watch(engine, settings):  # a stop raised in here is on the bar
+        try:
+            if head is not None:
+                collector.accept(_write_head(task, head))
+            job = DatasetJob(task, src, rows_per_part, out.committed())
+            with on_ctrl_c(stop) as pressed:
+                engine.execute_dataset(job, collector.accept)
+        finally:
+            stop.close()
+        if pressed:
+            raise KeyboardInterrupt
+        if collector.stop is not None and settings.on_error == "raise":
+            raise collector.stop
     return collector.result()
 
 
@@ -203,16 +202,21 @@ class DatasetCollector(Tally):
     never rows. On a rerun the bar starts at the rows already in files."""
 
     def __init__(self, callbacks: Sequence[Any], progress: bool, total: int | None,
-                 engine: str, out: ParquetDataset, session_id: str = ""):
+                 engine: str, out: ParquetDataset, session_id: str = "",
+                 settings: BatchSettings | None = None):
         resumed = sum(rows for rows, _ in out.counts()) if out.finished() else 0
+        budget = settings.budget if settings is not None else None
         super().__init__(callbacks, progress, total, f"map [{engine}] -> parquet", resumed,
-                         unit="row", failed_name="failed")
+                         unit="row", failed_name="failed",
+                         budget=dict(budget.limits) if budget is not None else None,
+                         kept=Kept("into", out.location))
         self.out, self.session_id, self.resumed = out, session_id, resumed
         self.stop: BaseException | None = None  # the error that stopped the map (first row)
         self.stop_at = 0
 
     def accept(self, report: PartReport) -> None:
-        self.add(report.n, report.hits, report.failed, report.events, report.usage)
+        self.add(report.n, report.hits, report.failed, report.events, report.usage,
+                 report.offset, budget_stop=is_budget(report.stop))
         report.events = []
         if report.stop is not None and (self.stop is None or report.stopped_at < self.stop_at):
             self.stop, self.stop_at = report.stop, report.stopped_at

@@ -14,6 +14,7 @@ from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.results import GraphResult, MapResult
 from hypernodes_dist.run.progress import Tally
+from hypernodes_dist.run.stops import Kept, is_budget
 
 __all__ = ["run_map", "MapCollector", "reject_interrupts"]
 
@@ -56,12 +57,8 @@ def run_map(
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     job = MapJob(plan, columns, broadcast, n, settings)
     collector = MapCollector(job, callbacks, progress, engine.name)
-    try:
+    with collector.watch(engine, settings):
         engine.execute_map(job, collector.accept)
-    finally:
-        collector.close()
-        if settings.budget is not None:
-            settings.budget.close()
     return collector.result()
 
 
@@ -82,13 +79,18 @@ class MapCollector(Tally):
     """Receives batches in any order; dispatches their events; builds the ordered result."""
 
     def __init__(self, job: MapJob, callbacks: Sequence[Any], progress: bool, engine: str):
-        super().__init__(callbacks, progress, job.n, f"map [{engine}]")
+        s = job.settings
+        super().__init__(callbacks, progress, job.n, f"map [{engine}]",
+                         budget=dict(s.budget.limits) if s.budget is not None else None,
+                         kept=Kept("cache" if s.cache is not None else ""))
         self.job = job
         self.batches: list[BatchResult] = []
 
     def accept(self, batch: BatchResult) -> None:
         self.batches.append(batch)
-        self.add(batch.n, batch.hits, len(batch.errors), batch.events, batch.usage_totals())
+        refused = sum(1 for e in batch.errors.values() if is_budget(e)) if self.budget else 0
+        self.add(batch.n, batch.hits, len(batch.errors), batch.events, batch.usage_totals(),
+                 batch.offset, refused)
         batch.events = []
 
     def result(self) -> MapResult:

@@ -1,70 +1,254 @@
-"""What the driver keeps of a map while it runs: counts, callbacks, the progress bar."""
+"""What the driver keeps of a map while it runs: counts, callbacks, the progress bar.
+
+Two streams reach it, in any order and any thread: the exact counts of each finished batch
+or written file (``add``: rows, hits, failures, usage, events), and the progress channel's
+counts of rows finished where they run (``receive``: ``{batch offset: rows done}``,
+``execution/progress.py``), which move the bar between them. A batch's live count is
+replaced by its exact one when that arrives (a late live count for it is ignored), so the
+bar never counts a row twice.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import bisect
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
-from hypernodes_dist.events import Dispatcher, Event
+from hypernodes_dist.events import Dispatcher, Event, ProgressEvent
 from hypernodes_dist.policies.usage import add_usage
+from hypernodes_dist.run.stops import Kept, Stop, budget_stop, emit, error_stop, is_budget
 
-__all__ = ["Tally"]
+if TYPE_CHECKING:
+    from hypernodes_dist.engines.base import Engine
+    from hypernodes_dist.execution.job import BatchSettings
+
+__all__ = ["Tally", "plain"]
+
+log = logging.getLogger("hypernodes_dist.events")
+
+EVENT_SECONDS = 0.25  # ProgressEvents at most this often (and one at the end)
+_SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def plain(x: float) -> str:
+    """A number for people: 4 significant digits, no exponent (``199.9k``, ``7.995M``,
+    ``0.0421``, ``12``)."""
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    for scale, suffix in _SUFFIXES:
+        if abs(x) >= scale * 0.99995:
+            return _sig(x / scale) + suffix
+    return _sig(x)
+
+
+def _sig(x: float) -> str:
+    digits = max(0, 3 - math.floor(math.log10(abs(x)))) if x else 0
+    text = f"{x:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+class _Spans:
+    """Sorted, merged ``[a, b)`` ranges of items whose exact counts arrived."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, a: int, b: int) -> None:
+        i = bisect.bisect_left(self.ends, a)  # first range ending at or after a
+        j = bisect.bisect_right(self.starts, b)  # ranges starting at or before b
+        if i < j:
+            a, b = min(a, self.starts[i]), max(b, self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = [a], [b]
+
+    def __contains__(self, x: int) -> bool:
+        i = bisect.bisect_right(self.starts, x) - 1
+        return i >= 0 and x < self.ends[i]
 
 
 class Tally:
     """Counts of finished items, the events they carry sent to the callbacks, and a tqdm
-    bar (``progress``) that moves as batches or parts arrive, in any order: items done of
-    the total, items per second, elapsed and ETA, cache hits and failures (named
-    ``failed_name``), and with ``initial`` the items an earlier run had done already
-    (``resumed=``: the rate and ETA count only this run's). It sums what the nodes metered
-    (``usage``, per node) and shows each quantity's total so far with its projection to the
-    end of the map (``cost=0.42→1.2``: so far, times items in all / items done)."""
+    bar (``progress``) that moves as rows finish: rows done of the total, this run's rows
+    per second and ETA, cache hits, failures (named ``failed_name``), rows an earlier run
+    did (``initial``, shown as ``resumed=``), each metered quantity this run so far with
+    its projection (``tokens=199.9k (proj. 799.5k)``: so far x rows this run has to do /
+    rows it did, shown until every row is done), and what stopped the map, if anything.
+    Callbacks defining ``on_progress`` get a ``ProgressEvent`` at most 4 times a second."""
 
     def __init__(self, callbacks: Sequence[Any], progress: bool, total: int | None,
                  desc: str, initial: int = 0, unit: str = "item",
-                 failed_name: str = "errors") -> None:
+                 failed_name: str = "errors", budget: Mapping[str, float] | None = None,
+                 kept: Kept = Kept("")) -> None:
         self.callbacks = callbacks
         self.dispatch = Dispatcher(callbacks)
-        self.done = self.hits = self.failed = 0
+        self.listeners = [cb for cb in callbacks if callable(getattr(cb, "on_progress", None))]
+        self.done = self.hits = self.failed = self.refused = 0
         self.total = total
         self.usage: dict[str, dict[str, float]] = {}  # node -> calls and metered quantities
-        self.initial = initial
-        self.failed_name = failed_name
+        self.initial, self.unit, self.failed_name = initial, unit, failed_name
+        self.budget, self.kept = dict(budget or {}), kept
+        self.live: dict[int, int] = {}  # batch offset -> rows finished (progress channel)
+        self.exact = _Spans()
+        self.stopped: Stop | None = None
+        self.budget_hit = False
+        self._lock = threading.RLock()
+        self._started = time.monotonic()
+        self._last_event = 0.0
         self.bar = None
         if progress:
             from tqdm.auto import tqdm  # loaded only for maps that show progress
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit,
                             dynamic_ncols=True)
-            self.bar.set_postfix(self._postfix(), refresh=False)
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
 
-    def _postfix(self) -> dict[str, Any]:
-        post: dict[str, Any] = {"cache_hits": self.hits, self.failed_name: self.failed}
-        if self.initial:
-            post["resumed"] = self.initial
+    @property
+    def wants_live(self) -> bool:
+        """Whether anyone shows progress (a bar, an ``on_progress`` callback)."""
+        return self.bar is not None or bool(self.listeners)
+
+    # -- counts --------------------------------------------------------------------------
+    def add(self, n: int, hits: int, failed: int, events: list[Event],
+            usage: dict[str, dict[str, float]] | None = None, offset: int | None = None,
+            refused: int = 0, budget_stop: bool = False) -> None:
+        """``n`` more items finished (items ``offset .. offset + n``; ``hits`` cache hits,
+        ``failed`` errors, ``refused`` of them by the budget, ``usage``: per node, what
+        their calls metered; ``budget_stop``: the budget stopped rows after these)."""
+        if self.callbacks:
+            self.dispatch.all(events)
+        with self._lock:
+            self.done += n
+            self.hits += hits
+            self.failed += failed
+            self.refused += refused
+            self.budget_hit = self.budget_hit or budget_stop or refused > 0
+            for name, used in (usage or {}).items():
+                add_usage(self.usage.setdefault(name, {}), used)
+            if offset is not None and n:
+                self.exact.add(offset, offset + n)
+                for key in [k for k in self.live if offset <= k < offset + n]:
+                    del self.live[key]
+            self._show()
+
+    def receive(self, updates: dict[int, int]) -> None:
+        """The progress channel: ``{batch offset: rows finished}`` (any thread)."""
+        with self._lock:
+            live, exact = self.live, self.exact
+            for offset, done in updates.items():
+                if offset not in exact and done > live.get(offset, 0):
+                    live[offset] = done
+            self._show()
+
+    @property
+    def position(self) -> int:
+        """Rows done: an earlier run's, this run's exact counts, and rows finished where
+        they run whose batch has not come back yet."""
+        return self.initial + self.done + sum(self.live.values())
+
+    # -- display -------------------------------------------------------------------------
+    def _metered(self) -> dict[str, float]:
         metered: dict[str, float] = {}
         for usage in self.usage.values():
             add_usage(metered, {q: v for q, v in usage.items() if q != "calls"})
-        scale = self.total / self.done if self.total and 0 < self.done < self.total else None
-        for quantity, amount in metered.items():
-            post[quantity] = f"{amount:.4g}" + (f"→{amount * scale:.4g}" if scale else "")
-        return post
+        return metered
 
-    def add(self, n: int, hits: int, failed: int, events: list[Event],
-            usage: dict[str, dict[str, float]] | None = None) -> None:
-        """``n`` more items finished (``hits`` cache hits, ``failed`` errors, ``usage``:
-        per node, what their calls metered)."""
-        self.done += n
-        self.hits += hits
-        self.failed += failed
-        for name, used in (usage or {}).items():
-            add_usage(self.usage.setdefault(name, {}), used)
-        if self.callbacks:
-            self.dispatch.all(events)
+    def _scale(self) -> float | None:
+        """Rows this run has to do / rows it did (``None``: nothing left, or none done)."""
+        todo = None if self.total is None else self.total - self.initial
+        return todo / self.done if todo and 0 < self.done < todo else None
+
+    def _postfix(self) -> str:
+        parts = [f"cache_hits={self.hits:,}", f"{self.failed_name}={self.failed:,}"]
+        if self.initial:
+            parts.append(f"resumed={self.initial:,}")
+        scale = self._scale()
+        for quantity, amount in self._metered().items():
+            proj = f" (proj. {plain(amount * scale)})" if scale else ""
+            parts.append(f"{quantity}={plain(amount)}{proj}")
+        if self.stopped is not None:
+            parts.append(self.stopped.label)
+        return ", ".join(parts)
+
+    def _show(self, final: bool = False) -> None:
+        """Under the lock: move the bar and send a ``ProgressEvent`` (throttled)."""
         if self.bar is not None:
-            self.bar.set_postfix(self._postfix(), refresh=False)
-            self.bar.update(n)
+            position = self.position
+            if position > self.bar.n:
+                self.bar.set_postfix_str(self._postfix(), refresh=False)
+                self.bar.update(position - self.bar.n)
+        now = time.monotonic()
+        if self.listeners and (final or now - self._last_event >= EVENT_SECONDS):
+            self._last_event = now
+            event = self._event(now, final)
+            for cb in self.listeners:
+                try:
+                    cb.on_progress(event)
+                except Exception:
+                    log.warning("callback %s.on_progress raised; the run goes on",
+                                type(cb).__name__, exc_info=True)
+
+    def _event(self, now: float, final: bool) -> ProgressEvent:
+        done = self.position
+        elapsed = now - self._started
+        rate = (done - self.initial) / elapsed if elapsed > 0 and done > self.initial else None
+        eta = (self.total - done) / rate if rate and self.total is not None else None
+        metered, scale = self._metered(), self._scale()
+        return ProgressEvent(
+            done=done, total=self.total, failed=self.failed, cache_hits=self.hits,
+            resumed=self.initial, rate=rate, eta=eta, usage=metered,
+            projected={q: v * scale for q, v in metered.items()} if scale else {},
+            stopped=self.stopped.label if self.stopped else None, final=final)
+
+    @contextmanager
+    def watch(self, engine: Engine, settings: BatchSettings) -> Iterator[None]:
+        """Around the engine's run of the map: the engine's progress channel in
+        ``settings`` (when anyone shows progress), and at the end, whatever stopped it,
+        the channel and the budget closed and the tally closed (``fail``, ``close``)."""
+        channel = engine.progress_channel(self.receive) if self.wants_live else None
+        settings.progress = channel
+        try:
+            yield
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        finally:
+            settings.progress = None
+            if channel is not None:
+                channel.close()
+            self.close()
+            if settings.budget is not None:
+                settings.budget.close()
+
+    # -- the end ---------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> None:
+        """The map raised ``exc``: say so (bar, one line) when the tally closes."""
+        with self._lock:
+            if is_budget(exc) and self.budget:
+                self.budget_hit = True
+            else:
+                self.stopped = error_stop(exc, self.initial + self.done, self.total, self.unit,
+                                       self.kept)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        """Settle the bar on the exact counts, say what stopped the map, close the bar."""
+        with self._lock:
+            self.live.clear()
+            if self.stopped is None and self.budget_hit:
+                refused = self.refused or None
+                done = self.initial + self.done - (refused or 0)
+                self.stopped = budget_stop(self.budget, done, self.total, self.unit, self.kept,
+                                        refused)
+            if self.bar is not None:
+                self.bar.n = self.position
+                self.bar.set_postfix_str(self._postfix(), refresh=False)
+                self.bar.refresh()
+            self._show(final=True)
+            if self.bar is not None:
+                self.bar.close()
+        if self.stopped is not None:
+            emit(self.stopped)

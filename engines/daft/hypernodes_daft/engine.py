@@ -59,6 +59,7 @@ from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.kit import RemoteWorkers, flow_tasks, partition_size
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.job import MapJob, Sink
+from hypernodes_dist.execution.progress import ProgressChannel, Receive
 
 from .datasets import run_dataset_native
 from .frame import ROW, column_name, item_frame
@@ -154,6 +155,16 @@ class DaftEngine(Engine):
             from .on_ray import run_dataset_ray  # ray is an optional extra: loaded on use
 
             run_dataset_ray(job, report, in_flight=2 * _ray_cpus())
+
+    def progress_channel(self, receive: Receive) -> ProgressChannel:
+        """Native: UDFs run in threads of this process; Ray: an actor of the map's own
+        (``progress.py``)."""
+        if self.runner != "ray":
+            return super().progress_channel(receive)
+        from .progress import RayMailbox  # ray is an optional extra: loaded on use
+
+        self._ensure_runner()
+        return RayMailbox(receive)
 
     def workers_elsewhere(self) -> RemoteWorkers | None:
         """On Ray, nodes may be other machines: the driver's cache store and ``into``

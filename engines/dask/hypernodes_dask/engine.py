@@ -33,15 +33,18 @@ from dask.task_spec import DataNode, Task, TaskRef
 from hypernodes_dist.datasets.job import DatasetJob
 from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.engines.channels import MachineChannel
 from hypernodes_dist.engines.kit import RemoteWorkers, flow_tasks, partition_size
 from hypernodes_dist.errors import NodeError
 from hypernodes_dist.execution.job import MapJob, Sink
+from hypernodes_dist.execution.progress import ProgressChannel, Receive
 
 from .cluster import ClientHandle, ProcessPool
 from .compile import Payload, build_graph, pack_columns, pickle_payload, run_partition
 from .datasets import run_dataset_distributed, run_dataset_local
 from .local import compute_local
 from .packing import unpack
+from .progress import WorkerEvents
 from .shipping import InFlight, Shipment, on_cluster, on_processes
 
 __all__ = ["DaskEngine", "auto_partition_size"]
@@ -181,6 +184,15 @@ class DaskEngine(Engine):
         address = f"address={self.address!r}, " if self.address is not None else ""
         return (f"DaskEngine({address}scheduler={self.scheduler!r}, "
                 f"partition_size={self.partition_size}, num_workers={self.num_workers})")
+
+    def progress_channel(self, receive: Receive) -> ProgressChannel:
+        """Threads / sync: in this process; processes: this machine's channel;
+        ``distributed``: worker events the client subscribes to (``progress.py``)."""
+        if self.scheduler == "distributed":
+            return WorkerEvents(self.client, receive)
+        if self.scheduler == "processes":
+            return MachineChannel(receive)
+        return super().progress_channel(receive)
 
     # ------------------------------------------------------------------ datasets
     def execute_dataset(self, job: DatasetJob, report: Callable[[PartReport], None]) -> None:

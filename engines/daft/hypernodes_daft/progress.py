@@ -1,0 +1,67 @@
+"""Progress on Daft's Ray runner: workers hand their finished row counts to a small Ray
+actor of the map's own (fire and forget), which a driver thread empties every
+``INTERVAL`` seconds (Ray's own channel: it reaches workers on any node)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ray
+
+from hypernodes_dist.execution.progress import INTERVAL, ProgressChannel, Receive
+
+__all__ = ["RayMailbox"]
+
+
+class _Mailbox:
+    """The actor: the latest count per batch since the driver last took them."""
+
+    def __init__(self) -> None:
+        self.updates: dict[int, int] = {}
+
+    def put(self, updates: dict[int, int]) -> None:
+        for offset, done in updates.items():
+            if done > self.updates.get(offset, 0):
+                self.updates[offset] = done
+
+    def take(self) -> dict[int, int]:
+        out, self.updates = self.updates, {}
+        return out
+
+
+class RayMailbox(ProgressChannel):
+    """``send`` calls the actor's ``put`` without waiting; the driver polls ``take``."""
+
+    def __init__(self, receive: Receive) -> None:
+        super().__init__()
+        self._actor = ray.remote(num_cpus=0)(_Mailbox).remote()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, args=(receive,), daemon=True,
+                                        name="hn-progress")
+        self._thread.start()
+
+    def send(self, updates: dict[int, int]) -> None:
+        self._actor.put.remote(updates)
+
+    def _poll(self, receive: Receive) -> None:
+        while not self._stop.wait(INTERVAL):
+            try:
+                updates = ray.get(self._actor.take.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 -- Ray shutting down: no more progress
+                return
+            if updates:
+                receive(updates)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=11)
+        try:
+            ray.kill(self._actor)
+        except Exception:  # noqa: BLE001 -- already gone with Ray
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"key": self.key, "_actor": self._actor}

@@ -1,0 +1,89 @@
+"""The machine-wide progress channel: worker processes on this machine send their finished
+row counts to the driver over loopback UDP (``execution/progress.py`` is the protocol).
+
+The driver binds a socket on ``127.0.0.1`` (a free port) and reads it in a daemon thread;
+each worker process sends from one socket of its own, never blocking: a datagram that
+cannot be sent (the driver gone, a full buffer) is dropped, which costs nothing since
+counts are cumulative and the exact counts come with each batch anyway. A datagram holds
+the channel's token and ``(offset, done)`` pairs as 64-bit integers; others are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+from typing import Any
+
+from hypernodes_dist.execution.progress import ProgressChannel, Receive
+
+__all__ = ["MachineChannel"]
+
+_PAIRS = 4000  # (offset, done) pairs per datagram, at most (64 KB)
+_SENDER: tuple[int, socket.socket] | None = None  # (pid, socket) of this process
+
+
+def _sender() -> socket.socket:
+    global _SENDER
+    if _SENDER is None or _SENDER[0] != os.getpid():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        _SENDER = (os.getpid(), sock)
+    return _SENDER[1]
+
+
+class MachineChannel(ProgressChannel):
+    """Counts from any process of this machine, received in a driver thread."""
+
+    def __init__(self, receive: Receive) -> None:
+        super().__init__()
+        self.token = bytes.fromhex(self.key[:16])
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.address = self._sock.getsockname()
+        self._closed = False
+        self._thread = threading.Thread(target=self._read, args=(receive,), daemon=True,
+                                        name="hn-progress")
+        self._thread.start()
+
+    def send(self, updates: dict[int, int]) -> None:
+        pairs = [v for item in updates.items() for v in item]
+        for a in range(0, len(pairs), 2 * _PAIRS):
+            chunk = pairs[a:a + 2 * _PAIRS]
+            try:
+                _sender().sendto(self.token + struct.pack(f"<{len(chunk)}q", *chunk),
+                                 self.address)
+            except OSError:
+                return
+
+    def _read(self, receive: Receive) -> None:
+        sock, token = self._sock, self.token
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                return
+            if self._closed:
+                return
+            if data[:8] != token or (len(data) - 8) % 16:
+                continue
+            values = struct.unpack(f"<{(len(data) - 8) // 8}q", data[8:])
+            receive(dict(zip(values[::2], values[1::2])))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:  # wake the reader
+            _sender().sendto(b"", self.address)
+        except OSError:
+            pass
+        self._thread.join(timeout=1.0)
+        self._sock.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"key": self.key, "token": self.token, "address": self.address}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

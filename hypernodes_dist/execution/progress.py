@@ -1,0 +1,138 @@
+"""The progress channel: how many rows of each batch are finished, from where rows run to
+the driver, while they run.
+
+One small protocol, one implementation per transport. Where rows run, the executor calls
+``ticker(settings.progress).tick(offset, done)``: ``done`` rows of the batch starting at
+item ``offset`` are finished (cumulative, so a lost or late message is harmless). A
+``Ticker`` (one per process and channel) keeps the latest count per batch and hands them
+to the channel's ``send`` at most every ``INTERVAL`` seconds (coalesced; the last counts
+go out on a timer, so a batch that goes quiet still reports). The driver's side receives
+``{offset: done}`` dicts in any thread (``run/progress.py`` reconciles them with the exact
+counts that come with each batch or file).
+
+Transports (a channel is picklable: it travels in ``BatchSettings``):
+
+- ``LocalChannel``: in this process (the local engine, threads): ``send`` calls the
+  receiver; unpickled in another process it sends nothing;
+- ``engines/channels.py``: machine-wide (worker processes on this machine);
+- an engine's own means on a cluster (Dask worker events, a Ray actor), in its plugin.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ProgressChannel", "LocalChannel", "Ticker", "ticker", "Receive", "INTERVAL"]
+
+INTERVAL = 0.25  # a process sends at most 4 updates a second per map
+Receive = Callable[[dict[int, int]], None]
+
+
+class ProgressChannel:
+    """One map's channel (the base class is the protocol): ``send`` runs where rows run,
+    ``close`` in the driver when the map ends."""
+
+    def __init__(self) -> None:
+        self.key = uuid.uuid4().hex
+
+    def send(self, updates: dict[int, int]) -> None:
+        """Hand ``{batch offset: rows done}`` to the driver (never raises, never blocks)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The driver's side: stop receiving (idempotent)."""
+
+
+_LOCAL: dict[str, Receive] = {}
+
+
+class LocalChannel(ProgressChannel):
+    """In this process: ``send`` is the driver's receiver, called in the sending thread."""
+
+    def __init__(self, receive: Receive) -> None:
+        super().__init__()
+        _LOCAL[self.key] = receive
+
+    def send(self, updates: dict[int, int]) -> None:
+        receive = _LOCAL.get(self.key)
+        if receive is not None:
+            receive(updates)
+
+    def close(self) -> None:
+        _LOCAL.pop(self.key, None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_local_channel, (self.key,))
+
+
+def _local_channel(key: str) -> LocalChannel:
+    """A ``LocalChannel`` unpickled: the same receiver in this process, none elsewhere."""
+    channel = LocalChannel.__new__(LocalChannel)
+    channel.key = key
+    return channel
+
+
+class Ticker:
+    """One process's side of a channel: the latest count per batch, sent at most every
+    ``INTERVAL`` seconds (what arrives in between is coalesced)."""
+
+    def __init__(self, channel: ProgressChannel) -> None:
+        self.channel = channel
+        self._pending: dict[int, int] = {}
+        self._last = 0.0
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def tick(self, offset: int, done: int) -> None:
+        """``done`` rows of the batch starting at item ``offset`` are finished."""
+        with self._lock:
+            self._pending[offset] = done
+            wait = self._last + INTERVAL - time.monotonic()
+            if wait > 0:
+                if self._timer is None:
+                    self._timer = threading.Timer(wait, self.flush)
+                    self._timer.daemon = True
+                    self._timer.start()
+                return
+            updates = self._take()
+        self._send(updates)
+
+    def flush(self) -> None:
+        """Send what is pending now."""
+        with self._lock:
+            updates = self._take()
+        self._send(updates)
+
+    def _take(self) -> dict[int, int]:
+        updates, self._pending = self._pending, {}
+        self._last = time.monotonic()
+        self._timer = None
+        return updates
+
+    def _send(self, updates: dict[int, int]) -> None:
+        if updates:
+            try:
+                self.channel.send(updates)
+            except Exception:  # noqa: BLE001 -- progress never fails a row
+                pass
+
+
+_TICKERS: OrderedDict[str, Ticker] = OrderedDict()
+_TICKERS_LOCK = threading.Lock()
+_KEEP = 8  # the tickers of this many recent maps are kept per process
+
+
+def ticker(channel: ProgressChannel) -> Ticker:
+    """This process's ``Ticker`` of ``channel`` (one per process and map)."""
+    with _TICKERS_LOCK:
+        found = _TICKERS.get(channel.key)
+        if found is None:
+            found = _TICKERS[channel.key] = Ticker(channel)
+            while len(_TICKERS) > _KEEP:
+                _TICKERS.popitem(last=False)
+        return found
