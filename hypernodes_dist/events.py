@@ -47,6 +47,7 @@ __all__ = [
     "expanded",
     "GraphCallback",
     "hook_name",
+    "wants_events",
     "Dispatcher",
 ]
 
@@ -329,6 +330,13 @@ class GraphCallback:
 
 
 _HOOKS: dict[type, str] = {}
+
+
+def wants_events(callbacks: Sequence[Any]) -> bool:
+    """Whether a callback takes run events (any ``on_*`` hook but ``on_progress``, which
+    the driver feeds itself): only then do workers ship events with their batches."""
+    return any(name.startswith("on_") and name != "on_progress"
+               for cb in callbacks for name in dir(cb))
 
 
 def hook_name(event_type: type) -> str:

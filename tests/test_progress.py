@@ -91,3 +91,115 @@ def test_dataset_bar_shows_rows_rate_eta_failed_and_resumed_rows(engine_name, tm
     assert re.search(r"<\d\d:\d\d", final)  # elapsed<ETA
     assert re.search(r"failed=\d", final)
     assert f"resumed={40 - lost}" in final  # rows an earlier run had written
+
+
+# ------------------------------------------------------------------ the bar's contents
+
+from hypernodes_dist.errors import MapStoppedWarning  # noqa: E402
+from hypernodes_dist.run.progress import Tally, plain  # noqa: E402
+from hypernodes_dist.run.stops import Kept  # noqa: E402
+
+
+def _last_line(capsys) -> str:
+    return capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("value, text", [
+    (0, "0"), (12, "12"), (0.0421, "0.0421"), (0.00001, "0.00001"), (2.5, "2.5"),
+    (999.96, "1k"), (1000, "1k"), (199_900, "199.9k"), (799_540, "799.5k"),
+    (7_995_000, "7.995M"), (3.2e9, "3.2G"),
+])
+def test_usage_numbers_are_plain(value, text):
+    assert plain(value) == text
+
+
+def test_bar_shows_usage_so_far_and_its_projection_with_units(capsys):
+    tally = Tally([], True, 20_000, "map [local] -> parquet", unit="row", failed_name="failed")
+    tally.add(5_000, 0, 3, [], {"ask": {"calls": 5_000, "tokens": 199_900, "cost": 0.03}})
+    tally.bar.refresh()
+    line = _last_line(capsys)
+    assert "5000/20000" in line and "failed=3" in line
+    assert "tokens=199.9k (proj. 799.6k)" in line and "cost=0.03 (proj. 0.12)" in line
+    tally.add(15_000, 0, 0, [], {"ask": {"calls": 15_000, "tokens": 600_000}})
+    tally.close()
+    line = _last_line(capsys)
+    assert "20000/20000" in line and "tokens=799.9k" in line and "proj." not in line
+
+
+def test_after_a_resume_the_projection_covers_this_runs_rows_and_ends(capsys):
+    tally = Tally([], True, 1_000, "map", initial=600, unit="row", failed_name="failed")
+    tally.add(100, 0, 0, [], {"ask": {"calls": 100, "tokens": 1_000}})
+    tally.bar.refresh()
+    line = _last_line(capsys)
+    assert "700/1000" in line and "resumed=600" in line
+    assert "tokens=1k (proj. 4k)" in line  # 400 rows to do in this run, 100 done
+    tally.add(300, 0, 0, [], {"ask": {"calls": 300, "tokens": 3_000}})
+    tally.close()
+    line = _last_line(capsys)
+    assert "1000/1000" in line and "tokens=4k" in line and "proj." not in line
+
+
+def test_rows_finished_where_they_run_move_the_bar_once(capsys):
+    """Live counts (the progress channel) move the bar; a batch's exact count replaces
+    its live one, and a live count arriving after it is ignored."""
+    tally = Tally([], True, 100, "map")
+    tally.receive({0: 10, 50: 5})
+    assert tally.position == 15
+    tally.add(50, 0, 0, [], offset=0)  # batch 0..50 done: its live 10 replaced by 50
+    assert tally.position == 55
+    tally.receive({0: 30, 50: 20})  # late news of batch 0: ignored
+    assert tally.position == 70
+    tally.add(50, 0, 0, [], offset=50)
+    tally.close()
+    assert tally.position == 100 and "100/100" in _last_line(capsys)
+
+
+def test_a_budget_stop_is_on_the_bar_and_in_one_warning(capsys):
+    tally = Tally([], True, 20_000, "map [local] -> parquet", unit="row",
+                  failed_name="failed", budget={"cost": 2.0}, kept=Kept("into", "out/"))
+    tally.add(1_204, 0, 0, [], {"ask": {"calls": 1_204, "cost": 2.01}}, offset=0,
+              budget_stop=True)
+    with pytest.warns(MapStoppedWarning) as caught:
+        tally.close()
+    [warning] = caught
+    assert str(warning.message) == (
+        "budget {'cost': 2} reached after 1,204 of 20,000 rows: 18,796 rows not written; "
+        "the finished rows are kept in out/: rerun the same map with a larger budget to "
+        "continue")
+    assert "stopped: budget {'cost': 2} reached" in _last_line(capsys)
+
+
+@node(output_name="y")
+def interrupted(x: int) -> int:
+    if x == 30:
+        raise KeyboardInterrupt
+    return x
+
+
+def test_an_interrupt_is_on_the_bar_and_in_one_log_line(capsys, caplog):
+    g = Graph([interrupted], engine=GraphEngine(batch_size=10))
+    with pytest.raises(KeyboardInterrupt):
+        g.map({"x": list(range(100))}, map_over="x", progress=True)
+    assert "interrupted" in _last_line(capsys)
+    [record] = [r for r in caplog.records if r.name == "hypernodes_dist.map"]
+    assert record.getMessage() == (
+        "map interrupted after 30 of 100 items; results of finished items are lost; pass "
+        "cache= (or map into=) to keep them across a stop")
+
+
+@node(output_name="y")
+def broken(x: int) -> int:
+    if x == 3:
+        raise ValueError("three")
+    return x
+
+
+def test_an_error_stop_names_the_node_and_what_to_do(tmp_path, caplog):
+    g = Graph([broken], cache=DiskCache(tmp_path / "c"), engine=GraphEngine(batch_size=2))
+    with pytest.raises(ValueError):
+        g.map({"x": list(range(10))}, map_over="x", progress=True)
+    [record] = [r for r in caplog.records if r.name == "hypernodes_dist.map"]
+    assert record.getMessage() == (
+        "map stopped by ValueError in node 'broken' after 2 of 10 items; finished items are "
+        "in the cache: rerun the same map to continue (fix the error, or pass "
+        "on_error=\"collect\")")

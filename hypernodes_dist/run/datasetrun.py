@@ -21,6 +21,7 @@ from hypernodes_dist.datasets.schema import Head, output_schema
 from hypernodes_dist.datasets.source import ListSource, Source, open_source
 from hypernodes_dist.datasets.stop import MapStop, on_ctrl_c
 from hypernodes_dist.errors import GraphInputError
+from hypernodes_dist.events import wants_events
 from hypernodes_dist.execution.job import BatchSettings
 from hypernodes_dist.inputs import (
     check_inputs,
@@ -141,7 +142,7 @@ def run_dataset(
     settings = BatchSettings(
         session_id=session_id or new_session_id(), run_prefix=run_prefix,
         select=check_select(plan, select), on_error=check_on_error(on_error), cache=cache,
-        want_events=bool(callbacks), budget=check_budget(budget, run_prefix))
+        want_events=wants_events(callbacks), budget=check_budget(budget, run_prefix))
     if source is not None:
         src = open_source(source)
         mapping, broadcast = bind_source(plan, src, inputs, columns)

@@ -7,6 +7,7 @@ from typing import Any
 
 from hypernodes_dist.cache.base import Cache, prepare_cache
 from hypernodes_dist.engines.base import Engine
+from hypernodes_dist.events import wants_events
 from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from hypernodes_dist.missing import MISSING
@@ -47,7 +48,7 @@ def run_map(
         select=check_select(plan, select),
         on_error=check_on_error(on_error),
         cache=cache,
-        want_events=bool(callbacks),
+        want_events=wants_events(callbacks),
         budget=check_budget(budget, run_prefix),
     )
     if n == 0:

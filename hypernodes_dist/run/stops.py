@@ -10,7 +10,10 @@ rows are done, what to do (``Tally`` shows the short label on the bar and emits 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import warnings
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -59,14 +62,15 @@ def budget_stop(limits: Mapping[str, float], done: int, total: int | None, unit:
     what = "" if left is None else f": {_rows(left, unit)} not " + (
         "run (BudgetExceededError in MapResult.errors)" if refused is not None
         else "written" if kept.how == "into" else "finished")
+    again = "rerun the same map with a larger budget to continue"
     if kept.how == "into":
-        keep = f"the finished rows are kept in {kept.where}, rerun the same map"
+        keep = f"the finished rows are kept in {kept.where}: {again}"
     elif kept.how == "cache":
-        keep = f"finished {unit}s are cached and not paid again, rerun the same map"
+        keep = f"finished {unit}s are cached (not paid again): {again}"
     else:
-        keep = "rerun with cache= or into= to keep finished items across a stop, or rerun"
-    message = (f"budget {_limits(limits)} reached after {_of(done, total, unit)}{what}; "
-               f"{keep} with a larger budget to continue")
+        keep = (f"{again} (with cache= or into=, or the rerun pays for every {unit} "
+                "again)")
+    message = f"budget {_limits(limits)} reached after {_of(done, total, unit)}{what}; {keep}"
     return Stop(f"stopped: budget {_limits(limits)} reached", message, True)
 
 
@@ -95,8 +99,21 @@ def is_budget(exc: BaseException | None) -> bool:
 
 
 def emit(stop: Stop) -> None:
-    """The one line: a ``MapStoppedWarning`` for a budget, a log warning otherwise."""
+    """The one line: a ``MapStoppedWarning`` for a budget (pointing at the caller's line
+    that started the map), a log warning otherwise."""
     if stop.budget:
-        warnings.warn(stop.message, MapStoppedWarning, stacklevel=5)
+        warnings.warn(stop.message, MapStoppedWarning, stacklevel=_caller_level())
     else:
         log.warning("%s", stop.message)
+
+
+_OURS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+         os.path.dirname(contextlib.__file__) + os.sep + "contextlib")
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package (and ``contextlib``)."""
+    frame, level = sys._getframe(2), 2  # emit's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_OURS):
+        frame, level = frame.f_back, level + 1
+    return level
