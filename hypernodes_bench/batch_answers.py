@@ -21,7 +21,7 @@ from typing import Any
 from hypernodes_bench.llm_server import label_of
 
 __all__ = ["request_key", "key_int", "canonical", "answer", "tokens", "marker_fate",
-           "openai_error", "anthropic_error", "ANTHROPIC_ERROR_TYPES", "CREATED"]
+           "openai_error", "anthropic_error", "ANTHROPIC_ERROR_TYPES", "CREATED", "COMPACT"]
 
 CREATED = 1_700_000_000
 _MARKER = re.compile(rb"\[\[(status|expire|cancel):(\d+)(?::(\d+))?\]\]")
@@ -31,9 +31,13 @@ ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_erro
                          504: "timeout_error", 529: "overloaded_error"}
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def canonical(body: Any) -> bytes:
     """The body as canonical JSON (sorted keys, no spaces)."""
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _CANONICAL.encode(body).encode()
 
 
 def key_int(endpoint: str, body: Any) -> int:
@@ -98,9 +102,11 @@ def tokens(endpoint: str, body: dict[str, Any]) -> tuple[int, int]:
     return _words(body.get("messages", [])) + 4, out
 
 
-def answer(endpoint: str, body: dict[str, Any], key: str) -> dict[str, Any]:
-    """The 2xx response body for a request (``key``: its ``request_key``)."""
-    tin, tout = tokens(endpoint, body)
+def answer(endpoint: str, body: dict[str, Any], key: str,
+           billed: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The 2xx response body for a request (``key``: its ``request_key``; ``billed``: its
+    ``tokens`` when known)."""
+    tin, tout = billed or tokens(endpoint, body)
     model = body.get("model", "loopback")
     if endpoint.endswith("/embeddings"):
         return _embeddings(body.get("input", ""), model, tin)

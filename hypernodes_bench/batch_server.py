@@ -58,6 +58,7 @@ from typing import Any
 from aiohttp import web
 
 from hypernodes_bench.batch_answers import (
+    COMPACT,
     answer,
     anthropic_error,
     key_int,
@@ -140,7 +141,7 @@ class Shuffled:
         self.path, self.file, self.block, self.lines = path, path.open("wb"), [], 0
 
     def add(self, line: dict[str, Any]) -> None:
-        self.block.append(json.dumps(line, separators=(",", ":")).encode() + b"\n")
+        self.block.append(COMPACT.encode(line).encode() + b"\n")
         self.lines += 1
         if len(self.block) == 64:
             self.flush()
@@ -348,8 +349,8 @@ def _result_line(rec: BatchRec, i: int, cid: str | None, body: dict[str, Any],
         return line
     status, out = fate[1], None
     if fate[0] == "ok":
-        out = answer(rec.endpoint, body, key)
         tin, tout = tokens(rec.endpoint, body)
+        out = answer(rec.endpoint, body, key, (tin, tout))
         res.tin, res.tout = res.tin + tin, res.tout + tout
     else:
         out = openai_error(status, f"fake provider: status {status} for this request")
@@ -368,7 +369,7 @@ def _anthropic_result(fate: tuple[str, int], body: dict[str, Any], key: str,
                 "error": anthropic_error(fate[1], f"fake provider: status {fate[1]}")}
     tin, tout = tokens("/v1/messages", body)
     res.tin, res.tout = res.tin + tin, res.tout + tout
-    return {"type": "succeeded", "message": answer("/v1/messages", body, key)}
+    return {"type": "succeeded", "message": answer("/v1/messages", body, key, (tin, tout))}
 
 
 class Batches:
@@ -397,9 +398,8 @@ class Batches:
         await asyncio.sleep(cfg["validate_delay"])
         sc = scanned if scanned is not None else await self.scan(rec)
         rec.total, rec.tokens, rec.model = sc.total, sc.tokens, sc.model
-        if rec.status == "cancelling":
-            rec.keys, rec.fates = sc.keys, sc.fates
-            return self.end(rec, "cancelled")
+        if rec.status != "validating":  # cancelled meanwhile: no line ran
+            return None
         errors = sc.errors[:100]
         if not errors and cfg["fail_batches"] > 0:
             cfg["fail_batches"] -= 1
@@ -488,11 +488,16 @@ class Batches:
                                         path.stat().st_size, int(now))
         return fid
 
+    def cancelled_unrun(self, rec: BatchRec) -> None:
+        rec.status = "cancelled"
+        rec.times["cancelled_at"] = time.time()
+
     def cancel(self, rec: BatchRec) -> bool:
         """Start cancelling a running batch (False: it is not running)."""
-        if rec.status == "validating":
-            rec.status = "cancelling" if rec.provider == "openai" else "canceling"
+        if rec.status == "validating":  # OpenAI: cancelling, then cancelled, no line ran
+            rec.status = "cancelling"
             rec.times["cancelling_at"] = time.time()
+            asyncio.get_running_loop().call_soon(self.cancelled_unrun, rec)
             return True
         if rec.status != "in_progress":
             return rec.status in ("cancelling", "canceling")
@@ -817,8 +822,8 @@ def _anthropic_input(raw: Path, out: Path, max_requests: int) -> str | None:
             if cid in seen:
                 return f"requests.{i}.custom_id: {cid!r} is not unique in the batch."
             seen.add(cid)
-            f.write(json.dumps({"custom_id": cid, "params": req.get("params")},
-                               separators=(",", ":")).encode() + b"\n")
+            f.write(COMPACT.encode({"custom_id": cid, "params": req.get("params")}).encode()
+                    + b"\n")
     return None
 
 
@@ -856,8 +861,9 @@ class OnlineRoutes:
                     else _oa_error(status, message))
         store.answered[key] = store.answered.get(key, 0) + 1
         store.stats["online_ok"] += 1
-        store.bill(*tokens(endpoint, body), "online")
-        return web.json_response(answer(endpoint, body, f"{key:016x}"))
+        billed = tokens(endpoint, body)
+        store.bill(*billed, "online")
+        return web.json_response(answer(endpoint, body, f"{key:016x}", billed))
 
 
 def _admin(app: web.Application, store: Store) -> None:

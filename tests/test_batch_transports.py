@@ -266,6 +266,20 @@ def test_whole_batch_failures_carry_the_providers_message(fake, kind):
             assert info.state == FAILED
             assert info.errors[0].code == "too_many_requests"
             assert "more than the 2" in info.message
+            mixed = [t.line(CHAT, chat(f"z {kind}", model=m)) for m in ("m1", "m2")]
+            [one] = t.pack(mixed[:1])
+            two = BatchFile(tuple(mixed), CHAT, "m1", sum(len(x.data) for x in mixed), "mixed")
+            info = await until_over(t, await t.create(two, await t.upload(two)))
+            assert [e.code for e in info.errors] == ["mismatched_model"]
+            assert info.errors[0].line == 2 and "one model per batch file" in info.message
+            fake.configure(max_bytes=len(one.data()) - 1)
+            info = await until_over(t, await t.create(one, await t.upload(one)))
+            assert [e.code for e in info.errors] == ["file_too_large"]
+        fake.configure(anthropic_max_requests=1)
+        async with anthropic_transport(fake, kind) as t:
+            [file] = t.pack(t.line("/v1/messages", message(f"r{i}")) for i in range(2))
+            with pytest.raises(anthropic.BadRequestError, match="at most 1 requests"):
+                await t.create(file, await t.upload(file))
     run(main())
 
 
@@ -279,6 +293,7 @@ def test_the_queue_limit_is_reported_apart_from_other_failures(fake, kind):
             [(_, first)] = await submit(t, requests[:2])  # 2 x 17 tokens: enqueued
             first = await t.status(first.id)
             while first.provider_status == "validating":
+                await asyncio.sleep(0.02)
                 first = await t.status(first.id)
             assert first.provider_status == "in_progress"
             [(_, second)] = await submit(t, requests[2:])
@@ -406,3 +421,18 @@ def test_an_unsupported_client_names_the_supported_ones_and_the_protocol():
     for name in ("node 'classify'", "httpx.Client", "openai.AsyncOpenAI", "anthropic.Anthropic",
                  "hypernodes_dist.batchapi.transport.BatchTransport"):
         assert name in text
+
+
+@both
+def test_a_batch_cancelled_while_validating_ran_no_line(fake, kind):
+    fake.configure(validate_delay=30)
+
+    async def main():
+        async with openai_transport(fake, kind) as t:
+            [(_, info)] = await submit(t, [(CHAT, chat(f"never {kind}"))])
+            assert info.provider_status == "validating"
+            info = await until_over(t, await t.cancel(info.id))
+            assert (info.provider_status, info.succeeded) == ("cancelled", 0)
+            assert [r async for r in t.results(info)] == []  # missing lines: not run
+    run(main())
+    assert request_key(CHAT, chat(f"never {kind}")) not in fake.counts()

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypernodes_dist.batchapi.clientcalls import ClientCalls, http_status
-from hypernodes_dist.batchapi.identity import custom_id, map_tag
+from hypernodes_dist.batchapi.identity import canonical_body, digest_of, map_tag
 from hypernodes_dist.batchapi.packing import pack
 from hypernodes_dist.batchapi.transport import (
     CANCELLED,
@@ -45,8 +46,8 @@ from hypernodes_dist.batchapi.transport import (
 
 __all__ = ["AnthropicBatches", "ANTHROPIC_LIMITS", "ERROR_STATUS"]
 
-# 256 MB less room for the request's wrapping ({"requests": [...]})
-ANTHROPIC_LIMITS = FileLimits(max_lines=100_000, max_bytes=256 * 2**20 - 2**16, one_model=False)
+# 256 MB less room for the client's own JSON of the lines (spaces after ":" and ",")
+ANTHROPIC_LIMITS = FileLimits(max_lines=100_000, max_bytes=200 * 2**20, one_model=False)
 ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
                 "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
                 "rate_limit_error": 429, "api_error": 500, "timeout_error": 504,
@@ -75,9 +76,9 @@ class AnthropicBatches:
             raise ValueError(f"the Anthropic Batch API path takes {ENDPOINT} "
                              f"(messages.create); got {endpoint!r}: call it with "
                              "batch_api=False")
-        cid = custom_id(self.tag, ENDPOINT, body)
-        # the client's own JSON (default separators), so sizes are what it sends
-        data = json.dumps({"custom_id": cid, "params": body}).encode() + b"\n"
+        canonical = canonical_body(body)
+        cid = f"{self.tag}_{digest_of(ENDPOINT, canonical)}"
+        data = b"".join((b'{"custom_id":"', cid.encode(), b'","params":', canonical, b"}\n"))
         return Line(cid, ENDPOINT, body.get("model"), data)
 
     def pack(self, lines: Iterable[Line]) -> Iterator[BatchFile]:
@@ -139,7 +140,7 @@ class AnthropicBatches:
                 mine = await self._owned(info)
                 if mine is not False:
                     found.append(info if mine else _unconfirmed(info))
-            if not data or page.has_more is False:
+            if not data or page.has_more is False or data[-1].id == after:
                 return found
             after = data[-1].id
 
@@ -169,7 +170,7 @@ def _info(batch: Any) -> BatchInfo:
 
 
 def _unconfirmed(info: BatchInfo) -> BatchInfo:
-    return BatchInfo(**{**info.__dict__, "confirmed": False})
+    return replace(info, confirmed=False)
 
 
 def _line_result(raw: bytes) -> LineResult:

@@ -14,19 +14,26 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["canonical_body", "request_digest", "map_tag", "custom_id", "file_tag"]
+__all__ = ["canonical_body", "digest_of", "request_digest", "map_tag", "custom_id", "file_tag"]
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
 
 
 def canonical_body(body: Mapping[str, Any]) -> bytes:
     """The body as canonical JSON bytes (sorted keys, no spaces, UTF-8)."""
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode()
+    return _CANONICAL.encode(body).encode()
+
+
+def digest_of(endpoint: str, canonical: bytes) -> str:
+    """32 hex digits naming a request from its canonical body."""
+    return hashlib.blake2b(endpoint.encode() + b"\n" + canonical, digest_size=16).hexdigest()
 
 
 def request_digest(endpoint: str, body: Mapping[str, Any]) -> str:
     """32 hex digits naming a request (endpoint + canonical body)."""
-    h = hashlib.blake2b(endpoint.encode() + b"\n" + canonical_body(body), digest_size=16)
-    return h.hexdigest()
+    return digest_of(endpoint, canonical_body(body))
 
 
 def map_tag(map_id: str) -> str:

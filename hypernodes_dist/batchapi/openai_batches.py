@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from hypernodes_dist.batchapi.clientcalls import ClientCalls, http_status
-from hypernodes_dist.batchapi.identity import custom_id, map_tag
+from hypernodes_dist.batchapi.identity import canonical_body, digest_of, map_tag
 from hypernodes_dist.batchapi.packing import pack
 from hypernodes_dist.batchapi.transport import (
     CANCELLED,
@@ -49,6 +49,8 @@ _LINE_ERRORS = {"batch_expired": EXPIRED, "batch_cancelled": CANCELLED}
 
 
 def _endpoint(endpoint: str) -> str:
+    if endpoint in OPENAI_ENDPOINTS:
+        return endpoint
     path = "/" + endpoint.strip("/").replace(".", "/")
     path = path if path.startswith("/v1/") else "/v1" + path
     if path not in OPENAI_ENDPOINTS:
@@ -76,9 +78,10 @@ class OpenAIBatches:
 
     def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
         url = _endpoint(endpoint)
-        cid = custom_id(self.tag, url, body)
-        data = json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body},
-                          separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        canonical = canonical_body(body)
+        cid = f"{self.tag}_{digest_of(url, canonical)}"
+        data = b"".join((b'{"custom_id":"', cid.encode(), b'","method":"POST","url":"',
+                         url.encode(), b'","body":', canonical, b"}\n"))
         got = body.get("input") if url == "/v1/embeddings" else None
         inputs = len(got) if isinstance(got, list) else 1
         return Line(cid, url, body.get("model"), data, inputs)
@@ -146,8 +149,8 @@ class OpenAIBatches:
                     return found
                 if (batch.metadata or {}).get("hn_map") == self.meta_map:
                     found.append(_info(batch))
-            if not data or page.has_more is False:
-                return found
+            if not data or page.has_more is False or data[-1].id == after:
+                return found  # (the last: a server ignoring ``after`` ends the walk)
             after = data[-1].id
 
     async def delete_files(self, info: BatchInfo) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 __all__ = ["BatchTransport", "Line", "BatchFile", "FileLimits", "BatchInfo", "BatchError",
            "LineResult", "SUCCEEDED", "CLIENT_ERROR", "RATE_LIMITED", "SERVER_ERROR",
@@ -67,8 +67,7 @@ class FileLimits:
     max_inputs: int | None = None  # embedding inputs in all (OpenAI embeddings)
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     """One request as a line of a batch file."""
 
     custom_id: str
@@ -137,8 +136,7 @@ class BatchInfo:
                          for e in self.errors)
 
 
-@dataclass(frozen=True)
-class LineResult:
+class LineResult(NamedTuple):
     """What the provider answered for one line."""
 
     custom_id: str
