@@ -20,6 +20,13 @@
   ``retry-after`` header (seconds until enough of the window frees). Every response
   carries OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers.
 - ``fail_rate``: that fraction of requests answers HTTP 500 (seeded, deterministic).
+- Markers in a chat request's last user message fail it on purpose, as a provider does:
+  ``[[status:429 code=insufficient_quota retry-after=30]]`` answers every time with that
+  status, the error body's ``code``/``type`` and those headers (``retry-after=abc`` sends
+  ``abc`` as is; ``should-retry=false`` sends ``x-should-retry: false``);
+  ``[[status:429:2 retry-after=abc]]`` only the first 2 times that message arrives.
+- ``GET /answered``: per last user message, how many requests were answered 200 (a row
+  paid twice shows as 2).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import json
 import math
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -41,7 +49,9 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["LLMServer", "label_of", "tokens_of"]
+__all__ = ["LLMServer", "label_of", "tokens_of", "marker_failure"]
+
+_MARKER = re.compile(r"\[\[status:(\d{3})(?::(\d+))?((?:\s+[a-z-]+=\S+?)*)\]\]")
 
 
 def label_of(text: str) -> str:
@@ -52,6 +62,27 @@ def label_of(text: str) -> str:
 def tokens_of(messages: list[dict[str, Any]]) -> int:
     """Prompt tokens of a chat request, as the server counts them."""
     return sum(len(str(m.get("content", "")).split()) for m in messages) + 4
+
+
+def marker_failure(text: str, seen: int) -> tuple[int, str, dict[str, str]] | None:
+    """``(status, code, headers)`` the markers of ``text`` ask for at its ``seen``-th
+    arrival (1 = first), or ``None`` to answer normally."""
+    m = _MARKER.search(text)
+    if m is None or (m.group(2) is not None and seen > int(m.group(2))):
+        return None
+    status = int(m.group(1))
+    options = dict(kv.split("=", 1) for kv in m.group(3).split())
+    default = "rate_limit_exceeded" if status == 429 else "server_error"
+    code = options.pop("code", default if status >= 429 else "invalid_request_error")
+    headers = {{"should-retry": "x-should-retry"}.get(k, k): v for k, v in options.items()}
+    return status, code, headers
+
+
+def _last_user(body: dict[str, Any]) -> str:
+    messages = body.get("messages") or []
+    last = next((m for m in reversed(messages) if isinstance(m, dict)
+                 and m.get("role") == "user"), {"content": ""})
+    return str(last.get("content", ""))
 
 
 class Window:
@@ -113,11 +144,14 @@ class App:
         self.random = random.Random(args.seed)
         self.in_flight = 0
         self.stats: dict[str, int] = {}
+        self.seen: dict[str, int] = {}  # arrivals per last user message (markers)
+        self.answered: dict[str, int] = {}  # 200 answers per last user message
         self.reset_stats()
 
     def reset_stats(self) -> None:
         self.stats = dict.fromkeys(("requests", "ok", "rate_limited", "failed", "chat",
                                     "embeddings", "embedding_inputs", "tokens", "max_in_flight"), 0)
+        self.seen, self.answered = {}, {}
 
     async def handle(self, request: Any, kind: str) -> Any:
         body = await request.json()
@@ -134,6 +168,14 @@ class App:
         if kind == "embeddings" and isinstance(inputs, list) and len(inputs) > self.max_batch:
             return _error(400, f"at most {self.max_batch} inputs per request, got {len(inputs)}",
                           "invalid_request_error", {})
+        text = _last_user(body) if kind == "chat" else ""
+        if "[[" in text:
+            self.seen[text] = self.seen.get(text, 0) + 1
+            failure = marker_failure(text, self.seen[text])
+            if failure is not None:
+                status, code, headers = failure
+                self.stats["rate_limited" if status == 429 else "failed"] += 1
+                return _error(status, f"marked to fail with {status} ({code})", code, headers)
         tokens = self._tokens(body, kind)
         wait = self.window.admit(tokens)
         headers = self.window.headers()
@@ -148,6 +190,8 @@ class App:
         self.stats["ok"] += 1
         self.stats["tokens"] += tokens
         self.stats[kind] += 1
+        if kind == "chat":
+            self.answered[text] = self.answered.get(text, 0) + 1
         answer = _chat(body, tokens) if kind == "chat" else self._embeddings(inputs, tokens)
         return web.json_response(answer, headers=headers)
 
@@ -173,14 +217,12 @@ def _vector(text: str) -> list[float]:
 
 
 def _chat(body: dict[str, Any], tokens: int) -> dict[str, Any]:
-    messages = body.get("messages", [])
-    last = next((m for m in reversed(messages) if m.get("role") == "user"), {"content": ""})
     completion = int(body.get("max_tokens") or 1)
     return {
         "id": "chatcmpl-loopback", "object": "chat.completion", "created": int(time.time()),
         "model": body.get("model", "loopback"),
         "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": label_of(str(last["content"]))}}],
+                     "message": {"role": "assistant", "content": label_of(_last_user(body))}}],
         "usage": {"prompt_tokens": tokens - completion, "completion_tokens": completion,
                   "total_tokens": tokens},
     }
@@ -206,6 +248,9 @@ def _serve(args: argparse.Namespace) -> None:
     async def stats(request: Any) -> Any:
         return web.json_response(app.stats)
 
+    async def answered(request: Any) -> Any:
+        return web.json_response(app.answered)
+
     async def reset(request: Any) -> Any:
         app.reset_stats()
         return web.json_response({"ok": True})
@@ -213,6 +258,7 @@ def _serve(args: argparse.Namespace) -> None:
     web_app.router.add_post("/v1/chat/completions", lambda r: app.handle(r, "chat"))
     web_app.router.add_post("/v1/embeddings", lambda r: app.handle(r, "embeddings"))
     web_app.router.add_get("/stats", stats)
+    web_app.router.add_get("/answered", answered)
     web_app.router.add_post("/reset", reset)
 
     async def main() -> None:
@@ -274,6 +320,11 @@ class LLMServer:
 
     def stats(self) -> dict[str, int]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=10) as r:
+            return json.loads(r.read())
+
+    def answered(self) -> dict[str, int]:
+        """Per last user message, the requests answered 200 (paid)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/answered", timeout=10) as r:
             return json.loads(r.read())
 
     def reset(self) -> None:

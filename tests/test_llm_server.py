@@ -40,3 +40,25 @@ def test_past_the_limit_a_429_carries_retry_after(limited):
     assert late.headers["x-ratelimit-limit-requests"] == "3"
     stats = limited.stats()
     assert stats["requests"] == 5 and stats["ok"] == 3 and stats["rate_limited"] == 2
+
+
+def test_markers_fail_a_message_as_a_provider_does(llm_server):
+    llm_server.reset()
+    client = openai.OpenAI(base_url=llm_server.base_url, api_key="x", max_retries=0)
+
+    def ask(text: str):
+        return client.chat.completions.create(model="m", messages=[{"role": "user",
+                                                                    "content": text}])
+
+    quota = "a [[status:429 code=insufficient_quota retry-after=30]]"
+    with pytest.raises(openai.RateLimitError) as err:
+        ask(quota)
+    assert err.value.code == "insufficient_quota" and err.value.body["type"] == "insufficient_quota"
+    assert err.value.response.headers["retry-after"] == "30"
+    once = "b [[status:503:1 retry-after=abc should-retry=false]]"
+    with pytest.raises(openai.InternalServerError) as err:
+        ask(once)
+    headers = err.value.response.headers
+    assert headers["retry-after"] == "abc" and headers["x-should-retry"] == "false"
+    assert ask(once).choices[0].message.content == label_of(once)  # only the first time
+    assert llm_server.answered() == {once: 1}
