@@ -29,7 +29,9 @@ fail validation as a whole), ``max_lines``/``max_bytes``/``max_embedding_inputs`
 per file: failed validation with ``errors.data[]``; so do ``duplicate_custom_id``,
 ``mismatched_model``, ``mismatched_endpoint``, ``invalid_json``),
 ``anthropic_max_requests``/``anthropic_max_bytes`` (400 / 413 at create),
-``price_online``/``price_batch`` (per token). Markers in a prompt choose a line's fate
+``price_online``/``price_batch`` (per token); the online endpoints' ``rpm``/``tpm`` over
+``window_seconds`` (429 with ``retry-after`` and OpenAI's ``x-ratelimit-*`` headers past
+them, as ``llm_server``) and ``latency`` (seconds an online answer takes). Markers in a prompt choose a line's fate
 (``batch_answers``). ``stats()`` counts requests, lines by outcome, tokens and cost;
 ``counts()`` gives, per ``request_key``, ``[received, answered]`` over both paths (answered:
 a 2xx or a 4xx other than 429 — what the client keeps).
@@ -66,6 +68,7 @@ from hypernodes_bench.batch_answers import (
     openai_error,
     tokens,
 )
+from hypernodes_bench.llm_server import Window
 
 __all__ = ["BatchServer", "DEFAULTS"]
 
@@ -74,6 +77,7 @@ DEFAULTS: dict[str, Any] = {
     "queue_refuse": False, "fail_batches": 0, "max_lines": 50_000, "max_bytes": 200 * 2**20,
     "max_embedding_inputs": 50_000, "anthropic_max_requests": 100_000,
     "anthropic_max_bytes": 256 * 2**20, "price_online": 1e-6, "price_batch": 5e-7,
+    "rpm": None, "tpm": None, "window_seconds": 60.0, "latency": 0.0,
 }
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses",
                     "/v1/completions", "/v1/moderations")
@@ -82,7 +86,8 @@ _CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _STAT_NAMES = ("files", "file_bytes", "files_deleted", "batches", "batches_failed",
                "queue_failed", "queue_refused", "batch_lines", "lines_succeeded",
                "lines_errored", "lines_expired", "lines_cancelled", "online_requests",
-               "online_ok", "online_errors", "tokens_online", "tokens_batch")
+               "online_ok", "online_errors", "online_rate_limited", "tokens_online",
+               "tokens_batch")
 
 
 @dataclass
@@ -174,7 +179,13 @@ class Store:
         self.order: dict[str, list[str]] = {"openai": [], "anthropic": []}
         self.next_id = 0
         self.port = 0
+        self.window = self.new_window()
         self.reset()
+
+    def new_window(self) -> Window:
+        """The online endpoints' rate limits (``llm_server``'s sliding window)."""
+        cfg = self.config
+        return Window(cfg["rpm"], cfg["tpm"], float(cfg["window_seconds"]))
 
     def reset(self) -> None:
         self.stats: dict[str, float] = dict.fromkeys(_STAT_NAMES, 0)
@@ -445,14 +456,16 @@ class Batches:
         """Stop a batch ("completed", "expired", "cancelled") and write its results."""
         if rec.timer is not None:
             rec.timer.cancel()
-        delay = float(self.store.config["delay"])
-        started = rec.times.get("in_progress_at")
+        cfg = self.store.config
+        delay, started = float(cfg["delay"]), rec.times.get("in_progress_at")
         if ending == "completed" or (started is not None and delay <= 0):
             done = rec.total
         elif started is None:
             done = 0
-        else:
-            done = math.floor(rec.total * min(1.0, (time.time() - started) / delay))
+        else:  # the lines run so far: planned for an expiry, measured for a cancel
+            elapsed = (float(cfg["expire_after"]) if ending == "expired"
+                       else time.time() - started)
+            done = math.floor(rec.total * min(1.0, elapsed / delay))
         if ending == "completed" and rec.provider == "openai":
             rec.status = "finalizing"
             rec.times["finalizing_at"] = time.time()
@@ -840,30 +853,43 @@ class OnlineRoutes:
 
     def handler(self, endpoint: str) -> Any:
         async def handle(request: web.Request) -> web.Response:
-            return self.answer(endpoint, await request.read())
+            return await self.answer(endpoint, await request.read())
         return handle
 
-    def answer(self, endpoint: str, raw: bytes) -> web.Response:
+    async def answer(self, endpoint: str, raw: bytes) -> web.Response:
         store, anthropic = self.store, endpoint == "/v1/messages"
         body = json.loads(raw)
         key = key_int(endpoint, body)
         seen = store.received.get(key, 0) + 1
         store.received[key] = seen
         store.stats["online_requests"] += 1
+        billed = tokens(endpoint, body)
+        wait = store.window.admit(sum(billed))
+        headers = store.window.headers()
+        if wait > 0:
+            store.stats["online_rate_limited"] += 1
+            headers["retry-after"] = f"{math.ceil(wait * 1000) / 1000:g}"
+            return self.error(anthropic, 429, "Rate limit reached; retry later", headers)
+        if store.config["latency"]:
+            await asyncio.sleep(float(store.config["latency"]))
         fate = marker_fate(raw, seen, batch=False)
         if fate is not None:
             status = fate[1]
             if status < 500 and status != 429:
                 store.answered[key] = store.answered.get(key, 0) + 1
             store.stats["online_errors"] += 1
-            message = f"fake provider: status {status} for this request"
-            return (_an_error(status, message) if anthropic
-                    else _oa_error(status, message))
+            return self.error(anthropic, status, f"fake provider: status {status} for this "
+                              "request", headers)
         store.answered[key] = store.answered.get(key, 0) + 1
         store.stats["online_ok"] += 1
-        billed = tokens(endpoint, body)
         store.bill(*billed, "online")
-        return web.json_response(answer(endpoint, body, f"{key:016x}", billed))
+        return web.json_response(answer(endpoint, body, f"{key:016x}", billed), headers=headers)
+
+    @staticmethod
+    def error(anthropic: bool, status: int, message: str,
+              headers: dict[str, str]) -> web.Response:
+        body = anthropic_error(status, message) if anthropic else openai_error(status, message)
+        return web.json_response(body, status=status, headers=headers)
 
 
 def _admin(app: web.Application, store: Store) -> None:
@@ -887,6 +913,8 @@ def _admin(app: web.Application, store: Store) -> None:
                 return web.json_response({"error": f"unknown knobs {sorted(unknown)}"},
                                          status=400)
             store.config.update(changes)
+            if changes.keys() & {"rpm", "tpm", "window_seconds"}:
+                store.window = store.new_window()
         return web.json_response(store.config)
 
     app.router.add_get("/stats", stats)
