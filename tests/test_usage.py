@@ -200,10 +200,10 @@ def test_rate_limit_errors_halve_a_nodes_concurrency_and_successes_restore_it():
     for _ in range(RECOVER):
         backoff.succeeded()
     assert backoff.allowed == 5  # one more after RECOVER successes in a row
-    gate = backoff.gate
-    assert [gate.try_take() for _ in range(6)] == [True] * 5 + [False]  # the gate holds
+    places = backoff.places
+    assert [places.try_take() for _ in range(6)] == [True] * 5 + [False]  # the places hold
     for _ in range(5):
-        gate.give()
+        places.give()
 
 
 def test_a_429_lowers_the_concurrency_of_the_node(one_per_second, own_limits):

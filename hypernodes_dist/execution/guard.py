@@ -1,43 +1,43 @@
-"""The policy guard: one node call under its retries, back-off, timeout and limits.
+"""The policy guard: one node call under its retries, timeout and gates.
 
-Executors wrap the *call* of a node that has a ``Policy`` (``hypernodes_dist.policies``)
-in a ``Guard`` (one per node per batch, or per scheduler call):
+Executors wrap the *call* of a node that has a ``Policy`` (``hypernodes_dist.policies``) or
+may meter in a ``Guard`` (one per node per batch, or per scheduler call). The node's gates
+(``policies/gates/``, built once per node and process) each hold one concern; an attempt is
 
-    for each attempt:  concurrency slot -> rate-limit turn -> the call (under its timeout)
-    on an exception:   retried if ``retry_on`` lists it and attempts are left:
-                       PolicyEvent(kind="retry"), back-off, next attempt
-    otherwise:         the exception, with ``hn_attempts`` (and a note once retried)
+    for gate in gates:   enter (may wait; the budget may refuse)
+        hold-off (Retry-After) -> concurrency -> calls rate -> quantity rates -> budget
+    the call             (under its timeout)
+    gates exited         in reverse order, with the attempt's error or None
+    on an exception:     retried if ``retry_on`` lists it and attempts are left:
+                         PolicyEvent(kind="retry"), back-off (at least the Retry-After),
+                         next attempt; otherwise the exception, with ``hn_attempts``
+                         (and a note once retried)
 
 The guard is one coroutine for every caller (``syncio``): a blocking caller (a sync node
 driven without an event loop) waits with ``time.sleep`` and blocking slot waits, so the
 coroutine never suspends; an async caller awaits the same waits. Only the failed node of
 the failed item is re-run; a cache hit never calls the function, so it takes no slot and
-no rate turn. Retries count against the rate limit (each attempt is a request).
+no rate turn. Retries pass the gates again (each attempt is a request).
 
 Timeouts: async nodes run under ``asyncio.timeout`` (the coroutine is cancelled). A sync
 function cannot be killed from Python: it runs in a helper thread and the caller stops
-waiting; the thread runs to its end in the background, keeping its concurrency slot
-until then (so "at most N executions overlap" stays true). The error is a
-``NodeTimeoutError`` (a ``TimeoutError``) naming the node, the item and the limit.
+waiting; the thread runs to its end in the background, keeping its concurrency unit
+until then (so "at most N executions overlap" stays true): gates that ``hold`` are exited
+by that thread. The error is a ``NodeTimeoutError`` (a ``TimeoutError``) naming the node,
+the item and the limit.
 
 Timing: ``Attempts`` (optional, given by the caller) receives the start and end of the
-successful attempt and the seconds spent waiting (slot, rate limit, back-off), so a
-node's ``duration_ms`` is its running time; each wait is a ``PolicyEvent``.
+successful attempt and the seconds spent waiting (gates, back-off), so a node's
+``duration_ms`` is its running time; each wait is a ``PolicyEvent``.
 
-Usage (``policies/usage.py``): a node that may ``meter`` is guarded even without a policy.
-One ``Metering`` spans all attempts of an execution (a paid failed attempt counts); the
-guard keeps each item's usage (``usage``) and counts ``calls``. Before an attempt starts:
-the node's Retry-After hold-off, the map's ``Budget``, then each quantity rate limit
-reserves what the call is expected to meter (``Estimate``), corrected by what it metered.
-A retried error carrying ``Retry-After`` waits at least that long and holds off every new
-call of the node meanwhile (``policies/retryafter.py``).
+Usage (``policies/usage.py``): one ``Metering`` spans all attempts of an execution (a paid
+failed attempt counts); the guard keeps each item's usage (``usage``) and counts ``calls``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -47,34 +47,16 @@ from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.events import PolicyEvent
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
-from hypernodes_dist.policies.aimd import Backoff, backoff_for, rate_limited
 from hypernodes_dist.policies.budget import Budget
-from hypernodes_dist.policies.limits import limiter
-from hypernodes_dist.policies.retryafter import holdoff_for, retry_after
+from hypernodes_dist.policies.gates import Entry, Gate, gates_for
 from hypernodes_dist.policies.spec import NodeTimeoutError, Policy, backoff_delay
 from hypernodes_dist.policies.stats import record
-from hypernodes_dist.policies.usage import (
-    CALL,
-    Metering,
-    Usage,
-    estimate,
-    observed,
-    quantities_of,
-)
+from hypernodes_dist.policies.usage import CALL, Metering, Usage, observed
 
 __all__ = ["Guard", "Attempts", "WINDOW", "guarded_call", "awaits"]
 
 Report = Callable[[Any], Any]
 Call = Callable[[], Awaitable[Any]]
-
-# Metered quantities are paced at this share of their declared rate: a provider counting
-# on its own clock in a sliding window sees our start times shifted by network and loop
-# jitter, and pacing at exactly its limit keeps every window at the edge (1% of requests
-# refused at 100%, measured by ``benchmarks/bench_paid_api.py``).
-PACE = 0.98
-# A retry told to wait by Retry-After waits up to this share longer, drawn at random: every
-# call refused in one burst is told the same time, and would all retry at once again.
-RETRY_AFTER_SPREAD = 0.25
 
 # The item window of the running flow (``execution/flow.py``): an item sleeping in back-off
 # gives its place back, so the items behind it keep the limits busy.
@@ -83,7 +65,7 @@ WINDOW: contextvars.ContextVar[Any] = contextvars.ContextVar("hn_window", defaul
 
 class Attempts:
     """What the guard measured for one call: the successful attempt's ``start``/``end``
-    (``perf_counter``) and ``waited`` seconds (slot, rate limit, back-off)."""
+    (``perf_counter``) and ``waited`` seconds (gates, back-off)."""
 
     __slots__ = ("start", "end", "waited", "usage")
 
@@ -116,36 +98,6 @@ async def _sleep(seconds: float, blocking: bool, in_slot: bool = False) -> None:
         await window.acquire()
 
 
-class _Units:
-    """A call's concurrency: this process's AIMD gate (``policies/aimd.py``), then the shared
-    limit's unit; released the other way round."""
-
-    __slots__ = ("gate", "units", "shared")
-
-    def __init__(self, backoff: Backoff, shared: Any) -> None:
-        self.gate, self.units = backoff.slots, backoff.gate  # its waiting calls, its places
-        self.shared = shared
-
-    async def acquire(self, blocking: bool) -> float:
-        # a free place in the gate is taken at once; a full gate queues (FIFO, no polling)
-        waited = 0.0 if self.units.try_take() else await self.gate.acquire(blocking)
-        try:
-            return waited + await self.shared.acquire(blocking)
-        except BaseException:
-            self.release_gate()
-            raise
-
-    def release_gate(self) -> None:
-        if self.gate.waiters:
-            self.gate.release()  # straight to the first waiting call
-        else:  # a call queueing meanwhile is woken by the gate's own lease thread
-            self.units.give()
-
-    def release(self) -> None:
-        self.shared.release()
-        self.release_gate()
-
-
 class Guard:
     """Applies one node's policy to its calls. ``report(event)`` receives each
     ``PolicyEvent`` (the caller fills in the run ids)."""
@@ -155,26 +107,21 @@ class Guard:
         self.node = node
         self.policy: Policy = node.policy or Policy(node.name)
         self.report = report
-        p = self.policy
-        self.aimd = backoff_for(p.node, p.concurrency) if p.concurrency else None
-        self.slots = _Units(self.aimd, limiter("slots", p.node, p.concurrency)
-                            ) if self.aimd is not None else None
-        self.rate = limiter("rate", p.node, *p.rate) if p.rate else None
-        self.amounts = [(q, limiter("amounts", f"{p.node}:{q.quantity}", q.count * PACE, q.per))
-                        for q in p.quantities]
         self.meters = bool(node.meters)
-        self.budget = budget if self.meters else None
-        self.holdoff = holdoff_for(p.node)
+        self.gates: tuple[Gate, ...] = gates_for(self.policy, budget if self.meters else None)
+        self.gauges = any(g.meters for g in self.gates)  # some gate reads what a call metered
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)
 
-    # -- events ------------------------------------------------------------------------
-    def _event(self, kind: str, item: int | None, attempt: int, wait: float, reason: str) -> None:
+    # -- the gates' host ---------------------------------------------------------------------
+    def event(self, kind: str, item: int | None, attempt: int, wait: float, reason: str) -> None:
         record(self.policy.node, kind)
         if self.report is not None:
             self.report(PolicyEvent(node_id=self.policy.node, tags=self.node.tags,
                                     item_index=item, kind=kind, attempt=attempt, wait=wait,
                                     reason=reason))
+
+    pause = staticmethod(_sleep)
 
     def _timeout_error(self, item: int | None) -> NodeTimeoutError:
         p = self.policy
@@ -182,12 +129,10 @@ class Guard:
         return NodeTimeoutError(f"{where} timed out after {p.timeout:g} s (timeout={p.timeout:g})",
                                 p.node, item, p.timeout or 0.0)
 
-    def _retry(self, exc: Exception, item: int | None, attempt: int) -> float:
+    def _retry(self, entry: Entry, exc: Exception) -> float:
         """The back-off before the next attempt; raises ``exc`` when it is not retried."""
-        p = self.policy
+        p, attempt = self.policy, entry.attempt
         if attempt > p.retries or not p.retryable(exc) or isinstance(exc, BudgetExceededError):
-            if not isinstance(exc, BudgetExceededError):
-                self._told_to_wait(exc, item, attempt)  # a final 429 still holds the others off
             exc.hn_attempts = attempt  # type: ignore[attr-defined]
             if attempt > 1:
                 try:
@@ -196,28 +141,9 @@ class Guard:
                 except AttributeError:
                     pass
             raise exc
-        wait = backoff_delay(p.backoff, attempt)
-        told = self._told_to_wait(exc, item, attempt)
-        self._event("retry", item, attempt, max(wait, told), _describe(exc))
-        return max(wait, told)
-
-    def _told_to_wait(self, exc: BaseException, item: int | None, attempt: int) -> float:
-        """The provider's Retry-After in ``exc`` (0.0: none), now a hold-off of the node; a
-        rate-limit error also halves the node's concurrency here for a while (``aimd``)."""
-        told = retry_after(exc)
-        if told:  # at least that long; spread so the calls told the same do not collide again
-            told *= 1 + random.random() * RETRY_AFTER_SPREAD
-        if self.aimd is not None and (told or rate_limited(exc)):
-            if self.aimd.refused():
-                self._event("throttle", item, attempt, 0.0,
-                            f"rate limited: concurrency lowered to {self.aimd.allowed} of "
-                            f"{self.policy.concurrency} in this process")
-        if not told:
-            return 0.0
-        self.holdoff.extend(told)
-        self._event("hold_off", item, attempt, told,
-                    f"Retry-After {told:g} s: no new call of {self.policy.node!r} meanwhile")
-        return told
+        wait = max(backoff_delay(p.backoff, attempt), entry.told)
+        self.event("retry", entry.item, attempt, wait, _describe(exc))
+        return wait
 
     # -- one guarded call ------------------------------------------------------------------
     async def run(self, call: Call, item: int | None = None, blocking: bool = False,
@@ -225,7 +151,8 @@ class Guard:
         """Attempts of ``call()`` until one succeeds or the error is final.
 
         ``blocking``: the caller has no event loop (waits block, nothing suspends);
-        ``failed``: the error of a first attempt the caller already made.
+        ``failed``: the error of a first attempt the caller already made (only for nodes
+        whose gates hold nothing: the caller's plain first call passed no gate).
         """
         timing = timing or Attempts()
         self.calls += 1
@@ -246,102 +173,60 @@ class Guard:
 
     async def _attempts(self, call: Call, item: int | None, blocking: bool,
                         failed: Exception | None, timing: Attempts) -> Any:
-        attempt, error = (1, failed) if failed is not None else (0, None)
+        entry = None
+        if failed is not None:  # the caller's first attempt: its error passes the gates' exits
+            entry = Entry(self, item, 1, blocking)
+            self._exit(entry, len(self.gates), failed)
         while True:
-            if error is not None:
-                wait = self._retry(error, item, attempt)
+            if entry is not None:
+                wait = self._retry(entry, entry.error)  # type: ignore[arg-type]
                 if wait > 0:
                     timing.waited += wait
                     await _sleep(wait, blocking)
-            attempt += 1
+            entry = Entry(self, item, 1 if entry is None else entry.attempt + 1, blocking)
             try:
-                return await self._attempt(call, item, attempt, blocking, timing)
-            except Exception as exc:
-                error = exc
+                return await self._attempt(call, entry, timing)
+            except Exception:
+                pass  # entry.error holds it
 
-    async def _attempt(self, call: Call, item: int | None, attempt: int, blocking: bool,
-                       timing: Attempts) -> Any:
-        """Hold-off -> concurrency slot -> rate-limit turns -> budget -> the call."""
-        if self.holdoff.until() > time.time():
-            await self._hold_off(item, attempt, blocking, timing)
-        p, slots = self.policy, self.slots
-        if slots is not None:
-            waited = await slots.acquire(blocking)
-            if waited > 0:
-                timing.waited += waited
-                self._event("throttle", item, attempt, waited, f"concurrency={p.concurrency}")
-        held = slots
+    async def _attempt(self, call: Call, entry: Entry, timing: Attempts) -> Any:
+        """The gates entered in order, the call, the gates exited the other way round."""
+        gates, entered = self.gates, 0
         try:
-            if self.rate is not None:
-                wait = self.rate.reserve()
-                if wait > 0:
-                    timing.waited += wait
-                    self._event("throttle", item, attempt, wait, f"rate_limit={p.rate_text}")
-                    await _sleep(wait, blocking, in_slot=True)
-            reserved = (await self._reserve_amounts(item, attempt, blocking, timing)
-                        if self.amounts else None)
-            before = dict(_current_usage()) if reserved or self.budget is not None else None
-            try:
-                if self.budget is not None:  # last: a call that waited may find it spent
-                    self.budget.check(p.node, quantities_of(p.node), item)
-                timing.start = time.perf_counter()
-                if p.timeout is None:
-                    value = await call()
-                elif blocking or not awaits(self.node):  # sync: a thread, abandoned on timeout
-                    held = None  # the helper thread releases the slot when the call really ends
-                    value = self._in_thread(call, item, attempt, slots)
-                else:
-                    value = await self._under_timeout(call, item, attempt)
-                timing.end = time.perf_counter()
-                if self.aimd is not None:
-                    self.aimd.succeeded()
-                return value
-            finally:  # still holding the slot: the next call sees what this one spent
-                if before is not None:
-                    self._settle(reserved, before)
+            for gate in gates:
+                waited = await gate.enter(entry)
+                entered += 1
+                if waited:
+                    timing.waited += waited
+            if self.gauges:
+                entry.before = dict(CALL.get() or {})
+            timing.start = time.perf_counter()
+            value = await (call() if self.policy.timeout is None else self._call(call, entry))
+            timing.end = time.perf_counter()
+            return value
+        except BaseException as exc:
+            entry.error = exc
+            raise
         finally:
-            if held is not None:
-                held.release()
+            self._exit(entry, entered, entry.error)
 
-    async def _hold_off(self, item: int | None, attempt: int, blocking: bool,
-                        timing: Attempts) -> None:
-        """Wait out the node's Retry-After hold-off."""
-        while True:
-            wait = self.holdoff.until() - time.time()
-            if wait <= 0:
-                break
-            timing.waited += wait
-            self._event("throttle", item, attempt, wait, "Retry-After hold-off")
-            await _sleep(wait, blocking)
+    def _exit(self, entry: Entry, entered: int, error: BaseException | None) -> None:
+        """The first ``entered`` gates exited, last first (those that hold: by the thread of
+        a sync call under a timeout, when ``handed`` to it)."""
+        entry.error = error
+        gates, handed = self.gates, entry.handed
+        for i in range(entered - 1, -1, -1):
+            gate = gates[i]
+            if not (handed and gate.holds):
+                gate.exit(entry, error)
 
-    async def _reserve_amounts(self, item: int | None, attempt: int, blocking: bool,
-                               timing: Attempts) -> list[tuple[Any, float, str]]:
-        """Reserve what this attempt is expected to meter of each limited quantity:
-        ``[(rate, expected, quantity)]`` for ``_settle``."""
-        reserved = []
-        for q, rate in self.amounts:
-            expected = estimate(self.policy.node, q.quantity)
-            wait = rate.reserve(expected) - time.time()
-            reserved.append((rate, expected, q.quantity))
-            if wait > 0:
-                timing.waited += wait
-                self._event("throttle", item, attempt, wait, f"rate_limit {q.text}")
-                await _sleep(wait, blocking, in_slot=True)
-        return reserved
+    def _call(self, call: Call, entry: Entry) -> Awaitable[Any]:
+        """The call under the node's timeout."""
+        if entry.blocking or not awaits(self.node):  # sync: a thread, abandoned on timeout
+            return self._in_thread(call, entry)
+        return self._under_timeout(call, entry)
 
-    def _settle(self, reserved: list[tuple[Any, float, str]] | None, before: Usage) -> None:
-        """What this attempt metered (the usage now, less ``before``): each quantity rate
-        gives back (or takes) the difference from what it reserved; the budget spends it."""
-        usage = _current_usage()
-        metered = {q: v - before.get(q, 0.0) for q, v in usage.items() if v != before.get(q)}
-        for rate, expected, quantity in reserved or ():
-            delta = metered.get(quantity, 0.0) - expected
-            if delta:
-                rate.reserve(delta)
-        if metered and self.budget is not None:
-            self.budget.spend(metered)
-
-    async def _under_timeout(self, call: Call, item: int | None, attempt: int) -> Any:
+    async def _under_timeout(self, call: Call, entry: Entry) -> Any:
         timeout = self.policy.timeout
         try:
             async with asyncio.timeout(timeout) as scope:
@@ -349,30 +234,33 @@ class Guard:
         except TimeoutError:
             if not scope.expired():
                 raise  # the node's own TimeoutError
-            err = self._timeout_error(item)
-            self._event("timeout", item, attempt, timeout or 0.0, str(err))
+            err = self._timeout_error(entry.item)
+            entry.event("timeout", timeout or 0.0, str(err))
             raise err from None
 
-    def _in_thread(self, call: Call, item: int | None, attempt: int, slots: Any) -> Any:
+    async def _in_thread(self, call: Call, entry: Entry) -> Any:
         box: dict[str, Any] = {}
         done = threading.Event()
+        holding = tuple(g for g in self.gates if g.holds)
+        entry.handed = bool(holding)  # the thread exits them
 
         def work() -> None:
+            error = None
             try:
                 box["value"] = run_sync(call(), needs_loop=False)
             except BaseException as exc:  # handed to the caller
-                box["error"] = exc
+                box["error"] = error = exc
             finally:
-                if slots is not None:
-                    slots.release()
+                for gate in reversed(holding):
+                    gate.exit(entry, error)
                 done.set()
 
         ctx = contextvars.copy_context()
         threading.Thread(target=ctx.run, args=(work,), daemon=True,
                          name=f"hn-timeout-{self.policy.node}").start()
         if not done.wait(self.policy.timeout):
-            err = self._timeout_error(item)
-            self._event("timeout", item, attempt, self.policy.timeout or 0.0, str(err))
+            err = self._timeout_error(entry.item)
+            entry.event("timeout", self.policy.timeout or 0.0, str(err))
             raise err
         if "error" in box:
             raise box["error"]
@@ -394,7 +282,6 @@ class Guard:
         not start at once (they waited or retried), for their timings."""
         nxt = iter(items).__next__
         call = self.call
-        p = self.policy
 
         def slow(item: int, args: tuple[Any, ...], failed: Exception | None) -> Any:
             timing = Attempts()
@@ -403,9 +290,8 @@ class Guard:
                 starts[item] = timing.start
             return value
 
-        plain = not (p.timeout or self.slots or self.rate or self.amounts or self.meters)
-        if plain:
-            holdoff = self.holdoff
+        if not (self.policy.timeout or len(self.gates) > 1 or self.meters):
+            holdoff = self.gates[0].holdoff  # type: ignore[attr-defined]  # the only gate
 
             def retried(*args: Any) -> Any:  # retries only: the first attempt is a plain call
                 item = nxt()
@@ -435,10 +321,6 @@ async def timed_call(node: Any, kwargs: dict[str, Any], guard: Guard | None,
     timing = Attempts()
     value = await guard.run(lambda: call_node(node, kwargs, None), item, timing=timing)
     return value, timing.start
-
-
-def _current_usage() -> Usage:
-    return CALL.get() or {}
 
 
 def awaits(node: Any) -> bool:

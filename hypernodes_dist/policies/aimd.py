@@ -1,11 +1,11 @@
 """A node's concurrency that backs off on rate-limit errors and recovers (AIMD).
 
 A node with ``concurrency=N`` calls through a shared limit of N units (every process of the
-machine, or of the cluster). In front of it each process keeps its own gate (``Backoff``),
-N wide at first. When a call is refused for its rate (HTTP 429, a ``RateLimitError``, a
-``Retry-After``), the gate halves (multiplicative decrease, at most once per ``COOL``
+machine, or of the cluster). In front of it each process keeps its own places (``Backoff``),
+N at first. When a call is refused for its rate (HTTP 429, a ``RateLimitError``, a
+``Retry-After``), the places halve (multiplicative decrease, at most once per ``COOL``
 seconds, never below one); each ``RECOVER`` successful calls in a row widen it by one
-(additive increase) back to N. The gate is the process's own, so a process always keeps at
+(additive increase) back to N. The places are the process's own, so a process always keeps at
 least one call going: processes that back off together can never hold the shared limit's
 units among them and starve each other.
 """
@@ -18,10 +18,10 @@ import time
 
 from hypernodes_dist.policies.limits import Slots
 
-__all__ = ["Backoff", "backoff_for", "rate_limited", "Gate"]
+__all__ = ["Backoff", "backoff_for", "rate_limited", "Places"]
 
 COOL = 1.0  # seconds between two decreases
-RECOVER = 16  # successful calls in a row that widen the gate by one
+RECOVER = 16  # successful calls in a row that add a place
 
 
 def rate_limited(exc: BaseException) -> bool:
@@ -31,44 +31,53 @@ def rate_limited(exc: BaseException) -> bool:
     return status == 429 or "RateLimit" in type(exc).__name__
 
 
-class Gate:
-    """Units of this process only, whose number can change (a ``Slots`` backend)."""
+class Places:
+    """The places of one node in this process: units of this process only, whose number
+    (``width``) can change (a ``Slots`` backend). Plain lock on the path of a call; the
+    condition only wakes a lease thread sleeping in ``take``."""
 
     def __init__(self, n: int) -> None:
         self.width, self.used = n, 0
-        self.changed = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.sleeping = 0  # threads waiting in take()
 
     def try_take(self) -> bool:
-        with self.changed:
+        with self.lock:
             if self.used < self.width:
                 self.used += 1
                 return True
             return False
 
     def take(self) -> None:
-        with self.changed:
+        with self.lock:
             while self.used >= self.width:
-                self.changed.wait()
+                self.sleeping += 1
+                try:
+                    self.changed.wait()
+                finally:
+                    self.sleeping -= 1
             self.used += 1
 
     def give(self) -> None:
-        with self.changed:
+        with self.lock:
             self.used -= 1
-            self.changed.notify()
+            if self.sleeping:
+                self.changed.notify()
 
     def resize(self, width: int) -> None:
-        with self.changed:
+        with self.lock:
             self.width = width
             self.changed.notify_all()
 
 
 class Backoff:
-    """One node's gate in this process: ``slots`` (acquire/release like any limit)."""
+    """One node's places in this process: ``slots`` (acquire/release like any limit)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.gate = Gate(n)
-        self.slots = Slots(self.gate)
+        self.places = Places(n)
+        self.slots = Slots(self.places)  # its waiting calls
         self.lock = threading.Lock()
         self.successes = 0
         self.cut_at = -COOL
@@ -76,27 +85,27 @@ class Backoff:
     @property
     def allowed(self) -> int:
         """Calls this process lets run at once now."""
-        return self.gate.width
+        return self.places.width
 
     def refused(self) -> bool:
-        """A call was refused for its rate: halve the gate; whether it narrowed."""
+        """A call was refused for its rate: halve the places; whether they narrowed."""
         with self.lock:
             now = time.monotonic()
-            if now - self.cut_at < COOL or self.gate.width <= 1:
+            if now - self.cut_at < COOL or self.places.width <= 1:
                 return False
             self.cut_at, self.successes = now, 0
-            self.gate.resize(max(1, self.gate.width // 2))
+            self.places.resize(max(1, self.places.width // 2))
         return True
 
     def succeeded(self) -> None:
-        """A call succeeded: after ``RECOVER`` in a row, widen the gate by one."""
-        if self.gate.width >= self.n:
+        """A call succeeded: after ``RECOVER`` in a row, add a place."""
+        if self.places.width >= self.n:
             return
         with self.lock:
             self.successes += 1
             if self.successes >= RECOVER:
                 self.successes = 0
-                self.gate.resize(min(self.n, self.gate.width + 1))
+                self.places.resize(min(self.n, self.places.width + 1))
 
 
 _BACKOFFS: dict[tuple[str, int], Backoff] = {}
@@ -116,5 +125,5 @@ def _forget_in_child() -> None:
     _BACKOFFS.clear()
 
 
-if hasattr(os, "register_at_fork"):  # a forked child's gates start anew (no calls of its own)
+if hasattr(os, "register_at_fork"):  # a forked child's places start anew (no calls of its own)
     os.register_at_fork(after_in_child=_forget_in_child)

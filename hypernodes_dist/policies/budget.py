@@ -1,6 +1,6 @@
 """``map(budget={quantity: max})``: a map stops starting metered calls once it spent that.
 
-The totals a map has metered live in the limits backend (``limits.limiter("shared", ...)``:
+The totals a map has metered live in the limits backend (``limits.shared``:
 every process of the machine, or the cluster on ``distributed``), under the map's run id,
 so every worker sees what the others spent. The guard asks ``check`` before a metered call
 starts and ``spend``s what the call metered when it ends: a call in flight when the budget
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypernodes_dist.errors import BudgetExceededError
-from hypernodes_dist.policies.limits import limiter
+from hypernodes_dist.policies.backend import SharedValue
+from hypernodes_dist.policies.limits import shared
 
 __all__ = ["Budget", "check_budget"]
 
@@ -27,8 +28,8 @@ class Budget:
     limits: tuple[tuple[str, float], ...]
     key: str  # the map's run-id prefix: one ledger per map call
 
-    def _ledger(self) -> Any:
-        return limiter("shared", f"budget-{self.key}")
+    def _ledger(self) -> SharedValue:
+        return shared(f"budget-{self.key}")
 
     def spent(self) -> dict[str, float]:
         """What the map has metered so far, every process together."""

@@ -1,7 +1,8 @@
 """Concurrency and rate limits as this process sees them, over a shared backend.
 
-A limit lives in a *backend* shared by many processes (``machine.MachineLimits``: every
-process of one machine; ``hypernodes_dask`` registers one for a ``distributed`` cluster).
+A limit lives in a *backend* shared by many processes (``backend.LimitsBackend``;
+``machine.MachineLimits``: every process of one machine; ``hypernodes_dask`` registers one
+for a ``distributed`` cluster; ``memory.MemoryLimits``: this process, for tests).
 This module keeps, per process and limit, the units the process holds and the calls
 waiting for one:
 
@@ -26,12 +27,15 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal, overload
 
+from hypernodes_dist.policies.backend import LimitsBackend, RateStore, Semaphore, SharedValue
 from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 
-__all__ = ["Slots", "Rate", "register_backend", "backend", "limiter", "settle", "MAX_RATE_BLOCK"]
+__all__ = ["Slots", "Rate", "register_backend", "using", "backend", "limiter", "slots", "rate",
+           "amounts", "shared", "settle", "MAX_RATE_BLOCK"]
 
 MAX_RATE_BLOCK = 64  # start times one rate reservation may take at most
 LINGER = 0.05  # seconds a remote backend's idle unit stays with the process
@@ -82,8 +86,8 @@ class Slots:
     per process while calls wait, whatever their number).
     """
 
-    def __init__(self, semaphore: Any) -> None:
-        self.sem = semaphore
+    def __init__(self, semaphore: Semaphore) -> None:
+        self.sem: Any = semaphore  # a RemoteSemaphore when ``remote``
         self.remote = bool(getattr(semaphore, "remote", False))
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -222,7 +226,7 @@ class Rate:
     is dropped, never used late: calls stay spaced, no burst).
     """
 
-    def __init__(self, rate: Any) -> None:
+    def __init__(self, rate: RateStore) -> None:
         self.rate = rate
         self.interval: float = rate.interval
         self.lock = threading.Lock()
@@ -249,28 +253,35 @@ class Rate:
 # ------------------------------------------------------------------ backends
 
 
-_PROBES: list[Callable[[], Any]] = []
+Probe = Callable[[], LimitsBackend | None]
+_PROBES: list[Probe] = []
 _LIMITERS: dict[tuple[Any, ...], Any] = {}
 _LIMITERS_LOCK = threading.Lock()
 _MACHINE: MachineLimits | None = None
 
 
-def register_backend(probe: Callable[[], Any]) -> None:
-    """Register ``probe() -> backend | None``; the first backend a probe returns is used.
-
-    A backend has ``name``, ``directory`` (its identity), ``semaphore(key, n)`` (an object
-    with ``try_take() -> bool``, blocking ``take()`` and ``give()``; with ``remote = True``,
-    ``take(timeout) -> bool``) and
-    ``rate(key, count, per)`` (``interval`` seconds and ``reserve(k) -> first start``, the
-    wall-clock time of the first of ``k`` starts spaced ``interval`` apart; ``k`` may be a
-    fractional or negative amount) and ``shared(key)`` (a small JSON value: ``get()``,
-    ``update(change) -> new value`` atomic across the processes it serves, ``remove()``).
-    """
+def register_backend(probe: Probe) -> None:
+    """Register ``probe() -> LimitsBackend | None`` (``backend.py``): the first backend a
+    probe returns is the one limits use where the code runs; none: ``MachineLimits``."""
     if probe not in _PROBES:
         _PROBES.append(probe)
 
 
-def backend() -> Any:
+@contextmanager
+def using(found: LimitsBackend) -> Iterator[LimitsBackend]:
+    """Limits use ``found`` in this process meanwhile (ahead of every registered probe):
+    ``with using(MemoryLimits()):`` (tests)."""
+    def probe() -> LimitsBackend:
+        return found
+
+    _PROBES.insert(0, probe)
+    try:
+        yield found
+    finally:
+        _PROBES.remove(probe)
+
+
+def backend() -> LimitsBackend:
     """The backend limits use where this code runs."""
     global _MACHINE
     for probe in _PROBES:
@@ -282,10 +293,9 @@ def backend() -> Any:
     return _MACHINE
 
 
-def limiter(kind: str, key: str, *spec: Any) -> Any:
-    """This process's ``Slots`` (kind ``"slots"``, spec ``n``), ``Rate`` (``"rate"``, spec
-    ``count, per``), the backend's rate itself for amounts (``"amounts"``, spec ``count,
-    per``) or a shared value (``"shared"``) of one key, made once per backend."""
+def _limiter(kind: str, key: str, spec: tuple[Any, ...], make: Callable[[LimitsBackend], Any]
+             ) -> Any:
+    """This process's limiter of ``kind`` for ``key``, made once per backend."""
     where = backend()
     cache_key = (where.name, where.directory, kind, key, *spec)
     found = _LIMITERS.get(cache_key)
@@ -293,20 +303,50 @@ def limiter(kind: str, key: str, *spec: Any) -> Any:
         with _LIMITERS_LOCK:
             found = _LIMITERS.get(cache_key)
             if found is None:
-                found = _make(where, kind, key, spec)
-                _LIMITERS[cache_key] = found
+                found = _LIMITERS[cache_key] = make(where)
     return found
 
 
-def _make(where: Any, kind: str, key: str, spec: tuple[Any, ...]) -> Any:
-    if kind == "slots":
-        return Slots(where.semaphore(key, *spec))
-    if kind == "rate":
-        return Rate(where.rate(key, *spec))
-    if kind == "amounts":
-        return where.rate(key, *spec)
-    shared = getattr(where, "shared", None)  # a backend without shared values: this machine's
-    return shared(key) if shared is not None else MachineLimits().shared(key)
+def slots(key: str, n: int) -> Slots:
+    """This process's side of limit ``key`` of ``n`` units (``concurrency=n``)."""
+    return _limiter("slots", key, (n,), lambda b: Slots(b.semaphore(key, n)))
+
+
+def rate(key: str, count: float, per: float) -> Rate:
+    """This process's start times of ``count`` calls per ``per`` seconds."""
+    return _limiter("rate", key, (count, per), lambda b: Rate(b.rate(key, count, per)))
+
+
+def amounts(key: str, count: float, per: float) -> RateStore:
+    """The backend's reservation of ``count`` units of a quantity per ``per`` seconds."""
+    return _limiter("amounts", key, (count, per), lambda b: b.rate(key, count, per))
+
+
+def shared(key: str) -> SharedValue:
+    """The backend's shared value ``key`` (a backend without ``shared``: this machine's)."""
+    return _limiter("shared", key, (), lambda b: _shared_of(b, key))
+
+
+def _shared_of(where: LimitsBackend, key: str) -> SharedValue:
+    make = getattr(where, "shared", None)  # optional for backends registered before it was
+    return make(key) if make is not None else MachineLimits().shared(key)
+
+
+_KINDS: dict[str, Callable[..., Any]] = {"slots": slots, "rate": rate, "amounts": amounts,
+                                         "shared": shared}
+
+
+@overload
+def limiter(kind: Literal["slots"], key: str, n: int) -> Slots: ...
+@overload
+def limiter(kind: Literal["rate"], key: str, count: float, per: float) -> Rate: ...
+@overload
+def limiter(kind: Literal["amounts"], key: str, count: float, per: float) -> RateStore: ...
+@overload
+def limiter(kind: Literal["shared"], key: str) -> SharedValue: ...
+def limiter(kind: str, key: str, *spec: Any) -> Slots | Rate | RateStore | SharedValue:
+    """``slots``, ``rate``, ``amounts`` or ``shared`` by name (``kind``)."""
+    return _KINDS[kind](key, *spec)
 
 
 def settle() -> None:

@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hypernodes_dist.policies.backend import LimitsBackend
+
 __all__ = ["limits_dir", "MachineLimits", "KernelSemaphore", "FileRate", "FileValue",
            "remove_semaphores"]
 
@@ -87,9 +89,11 @@ class KernelSemaphore:
         self.ipc_key = _ipc_key(directory, key, n)
         self.directory = directory
         self.sid = self._open()
-        self._take = _SemBuf(0, -1, IPC_NOWAIT | SEM_UNDO)
-        self._wait = _SemBuf(0, -1, SEM_UNDO)
-        self._give = _SemBuf(0, 1, SEM_UNDO)
+        self._bufs = (_SemBuf(0, -1, IPC_NOWAIT | SEM_UNDO), _SemBuf(0, -1, SEM_UNDO),
+                      _SemBuf(0, 1, SEM_UNDO))
+        # made once: a call of the limit is one foreign call each way, nothing built per call
+        self._semop = _c().semop
+        self._take, self._wait, self._give = (ctypes.byref(b) for b in self._bufs)
 
     def _open(self) -> int:
         c = _c()
@@ -109,7 +113,7 @@ class KernelSemaphore:
 
     def try_take(self) -> bool:
         """One unit if one is free now (one system call, never blocks)."""
-        if _c().semop(self.sid, ctypes.byref(self._take), 1) == 0:
+        if self._semop(self.sid, self._take, 1) == 0:
             return True
         code = ctypes.get_errno()
         if code in (errno.EAGAIN, errno.EINTR):
@@ -118,14 +122,13 @@ class KernelSemaphore:
 
     def take(self) -> None:
         """One unit; sleeps in the kernel until another process returns one."""
-        c = _c()
-        while c.semop(self.sid, ctypes.byref(self._wait), 1) != 0:
+        while self._semop(self.sid, self._wait, 1) != 0:
             code = ctypes.get_errno()
             if code != errno.EINTR:
                 raise _os_error("semop", code)
 
     def give(self) -> None:
-        if _c().semop(self.sid, ctypes.byref(self._give), 1) != 0:
+        if self._semop(self.sid, self._give, 1) != 0:
             raise _os_error("semop")
 
     def value(self) -> int:
@@ -246,7 +249,7 @@ class FileValue:
             pass
 
 
-class MachineLimits:
+class MachineLimits(LimitsBackend):
     """The default backend: one machine, every process of it."""
 
     name = "machine"

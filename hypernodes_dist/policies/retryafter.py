@@ -15,7 +15,8 @@ import os
 import time
 from typing import Any
 
-from hypernodes_dist.policies.limits import limiter
+from hypernodes_dist.policies.backend import SharedValue
+from hypernodes_dist.policies.limits import shared
 
 __all__ = ["retry_after", "HoldOff", "holdoff_for", "REFRESH", "MAX_WAIT"]
 
@@ -75,8 +76,8 @@ class HoldOff:
         self.local_until = 0.0
         self.read_at = -math.inf
 
-    def _shared(self) -> Any:
-        return limiter("shared", f"holdoff-{self.name}")
+    def _shared(self) -> SharedValue:
+        return shared(f"holdoff-{self.name}")
 
     def until(self) -> float:
         """The hold-off's end (0.0 or a past time: none)."""

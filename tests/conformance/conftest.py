@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from .engines import all_engines
+from .engines import MEMORY, all_engines
+from .engines_memory import MODULES as MEMORY_MODULES
 
 _ENGINES = all_engines()
 
@@ -16,6 +17,16 @@ def engine(request):
     eng = request.param()
     yield eng
     eng.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The in-process limits variant runs only the modules that test limits."""
+    ids = tuple(f"[{name}" for name, _ in MEMORY)
+    off = [i for i in items if any(x in i.nodeid for x in ids)
+           and i.module.__name__.rpartition(".")[2] not in MEMORY_MODULES]
+    if off:
+        config.hook.pytest_deselected(items=off)
+        items[:] = [i for i in items if i not in set(off)]
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from hypernodes_dist import GraphEngine
 from hypernodes_dist.engines.base import Engine
 
+from .engines_memory import MemoryLimitsEngine
 from .tiny_engine import TinyEngine
 
 Factory = Callable[[], Engine]
@@ -23,6 +24,9 @@ LOCAL: list[tuple[str, Factory]] = [
 ]
 
 
+# the policy and usage behaviours over the in-process limits backend (``engines_memory.py``)
+MEMORY: list[tuple[str, Factory]] = [("local-memory-limits", MemoryLimitsEngine)]
+
 try:  # engine plugins are optional installs: their variants join when the plugin is there
     from .engines_dask import ENGINES as DASK
 except ImportError:
@@ -34,4 +38,4 @@ except ImportError:
 
 
 def all_engines() -> list[tuple[str, Factory]]:
-    return [*LOCAL, *DASK, *DAFT]
+    return [*LOCAL, *MEMORY, *DASK, *DAFT]

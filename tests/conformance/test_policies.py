@@ -157,4 +157,17 @@ def test_rate_limit_spaces_calls(engine, logs):
 def test_limits_backend_is_cluster_wide_on_distributed(engine):
     res = Graph([P.pol_backend], engine=engine).map({"x": [0, 1]}, map_over="x")
     distributed = getattr(engine, "scheduler", None) == "distributed"
-    assert {r["backend"] for r in res} == {"distributed" if distributed else "machine"}
+    registered = getattr(engine, "limits", None)  # the in-process test backend
+    expected = "distributed" if distributed else registered.name if registered else "machine"
+    assert {r["backend"] for r in res} == {expected}
+
+
+def test_limits_live_in_the_registered_backend(engine, logs):
+    """A registered backend holds the node's limits: its semaphore and rate are used."""
+    registered = getattr(engine, "limits", None)
+    if registered is None:
+        pytest.skip("the engine keeps its limits in the machine or cluster backend")
+    for limited in (P.pol_conc1, P.pol_rated):
+        Graph([limited], engine=engine).map({"x": list(range(4)), "log_dir": logs}, map_over="x")
+    kinds = {type(m).__name__: m.ops for m in registered.made if hasattr(m, "ops")}
+    assert kinds.get("MemorySemaphore", 0) >= 4 and kinds.get("MemoryRate", 0) >= 1

@@ -30,12 +30,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hypernodes_dist.policies.backend import LimitsBackend
 from hypernodes_dist.policies.limits import register_backend
 
 __all__ = ["DistributedLimits", "probe"]
 
 
 class _Semaphore:
+    """A ``RemoteSemaphore``."""
+
     remote = True  # each operation is a scheduler round trip: the core calls it off the path
 
     def __init__(self, key: str, n: int) -> None:
@@ -54,6 +57,8 @@ class _Semaphore:
 
 
 class _Rate:
+    """A ``RateStore``."""
+
     def __init__(self, key: str, count: float, per: float) -> None:
         from distributed import Lock, get_client
 
@@ -73,7 +78,7 @@ class _Rate:
 
 
 class _Shared:
-    """A small value shared by the cluster: the scheduler's metadata, updated under a
+    """A ``SharedValue`` of the cluster: the scheduler's metadata, updated under a
     ``distributed.Lock`` (a map's budget totals, a node's Retry-After hold-off)."""
 
     def __init__(self, key: str) -> None:
@@ -96,8 +101,9 @@ class _Shared:
         self.client.set_metadata(self.path, None)
 
 
-class DistributedLimits:
-    """Limits kept by the scheduler of the cluster this worker belongs to."""
+class DistributedLimits(LimitsBackend):
+    """Limits kept by the scheduler of the cluster this worker belongs to (a
+    ``hypernodes_dist.policies.backend.LimitsBackend``)."""
 
     name = "distributed"
 

@@ -1,0 +1,62 @@
+"""A node's policy as a list of gates (``base.Gate``), one module per concern.
+
+``gates_for(policy, budget)`` builds the gates in force for a node, in the order an attempt
+passes them: the Retry-After hold-off (every guarded node), the concurrency places and
+units, the calls rate, each quantity rate, the map's budget (nodes that meter, last). The
+gates of a policy are built once per process and limits backend; a node with no limit pays
+for none. A new concern is a module here and a line in ``_build``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from hypernodes_dist.policies.budget import Budget
+from hypernodes_dist.policies.gates.base import Entry, Gate, Host
+from hypernodes_dist.policies.gates.budget import BudgetGate
+from hypernodes_dist.policies.gates.concurrency import ConcurrencyGate
+from hypernodes_dist.policies.gates.holdoff import RETRY_AFTER_SPREAD, HoldOffGate
+from hypernodes_dist.policies.gates.quantity import PACE, QuantityGate
+from hypernodes_dist.policies.gates.rate import RateGate
+from hypernodes_dist.policies.limits import backend
+from hypernodes_dist.policies.spec import Policy
+
+__all__ = ["Gate", "Entry", "Host", "gates_for", "PACE", "RETRY_AFTER_SPREAD"]
+
+_BUILT: dict[tuple[object, ...], tuple[Gate, ...]] = {}
+_LOCK = threading.Lock()
+
+
+def gates_for(policy: Policy, budget: Budget | None = None) -> tuple[Gate, ...]:
+    """The gates of ``policy`` in this process, then the ``budget``'s (a metering node's)."""
+    where = backend()
+    key = (where.name, where.directory, policy)
+    found = _BUILT.get(key)
+    if found is None:
+        with _LOCK:
+            found = _BUILT.get(key)
+            if found is None:
+                found = _BUILT[key] = _build(policy)
+    return found if budget is None else (*found, BudgetGate(policy.node, budget))
+
+
+def _build(p: Policy) -> tuple[Gate, ...]:
+    gates: list[Gate] = [HoldOffGate(p.node)]
+    if p.concurrency:
+        gates.append(ConcurrencyGate(p.node, p.concurrency))
+    if p.rate:
+        gates.append(RateGate(p.node, *p.rate, p.rate_text))
+    gates += [QuantityGate(p.node, q) for q in p.quantities]
+    return tuple(gates)
+
+
+def _forget_in_child() -> None:
+    """A forked child's gates start anew (its limiters and places are fresh)."""
+    global _LOCK
+    _BUILT.clear()
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
