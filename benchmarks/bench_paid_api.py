@@ -19,12 +19,18 @@ rate and requests / request rate, from what the server admitted), requests the s
 
 Run: ``.venv/bin/python benchmarks/bench_paid_api.py [--rows 5000] [--engines a,b]``.
 Prints a table and writes ``benchmarks/results/paid_api.json``.
+
+``bench_paid_api.py nonbinding [--rows 20000] [--engines local]``: a server that limits
+nothing, the node without ``rate_limit`` and with one it never reaches (``LOOSE``), three
+alternating rounds each (``results/paid_api_nonbinding.json``): what declaring a limit costs
+when it does not bind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,7 @@ from hypernodes_dist import Graph, meter, node, resource
 RESULTS = Path(__file__).parent / "results"
 COLUMNS = ["run", "rows", "seconds", "x_ideal", "requests", "429s", "pct_429", "failed",
            "tokens", "driver_mb"]
+NB_COLUMNS = ["run", "rows", "seconds", "vs_no_limit", "peak_in_flight", "requests", "failed"]
 WINDOW = 10.0  # the server's sliding window, seconds
 REQUESTS = 3_000  # per window (300/s)
 TOKENS = 35_000  # per window (3,500/s)
@@ -63,6 +70,21 @@ async def classify(text: str, llm) -> str:
 @node(output_name="label", retries=5, retry_on=openai.RateLimitError, concurrency=CONCURRENCY)
 async def classify_undeclared(text: str, llm) -> str:
     """The same without the limits: only Retry-After hold-offs and the AIMD concurrency."""
+    r = await llm.chat.completions.create(
+        model="loopback", messages=[{"role": "user", "content": text}], max_tokens=MAX_TOKENS)
+    meter(tokens=r.usage.total_tokens)
+    return r.choices[0].message.content
+
+
+# A rate limit declared but never reached: the provider's limits, as a user copies them,
+# far above what 64 calls at once can send (~2,000/s at best here).
+LOOSE = {"calls": "600000/minute", "tokens": "60000000/minute"}
+
+
+@node(output_name="label", retries=5, retry_on=openai.RateLimitError, concurrency=CONCURRENCY,
+      rate_limit=LOOSE)
+async def classify_loose(text: str, llm) -> str:
+    """``classify_undeclared`` with a rate limit it never reaches."""
     r = await llm.chat.completions.create(
         model="loopback", messages=[{"role": "user", "content": text}], max_tokens=MAX_TOKENS)
     meter(tokens=r.usage.total_tokens)
@@ -130,6 +152,42 @@ def run_loop(server: LLMServer, texts: list[str]) -> dict[str, Any]:
                     texts)
 
 
+def nonbinding(label: str, rows: int, rounds: int = 3) -> list[dict[str, Any]]:
+    """Issue 34's "a rate_limit that never binds": the same node without and with ``LOOSE``
+    on a server that limits nothing, alternating, ``rounds`` each; the best of each kept."""
+    texts = [f"review {i}: " + "fine " * (i % 9) + "value" for i in range(rows)]
+    best: dict[str, dict[str, Any]] = {}
+    with LLMServer(latency=(0.010, 0.030)) as server:
+        engine = SETUPS[label]()
+        try:
+            graphs = {"no rate_limit": Graph([llm, classify_undeclared], engine=engine),
+                      "rate_limit never binding": Graph([llm, classify_loose], engine=engine)}
+            for graph in graphs.values():  # warm up: client, semaphores, rate files
+                graph.map({"text": texts[:64], "base_url": server.base_url}, map_over="text")
+            for r in range(rounds):
+                for run in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
+                    row = _timed(server, graphs[run], texts)
+                    if run not in best or row["seconds"] < best[run]["seconds"]:
+                        best[run] = row
+        finally:
+            engine.close()
+    base = best["no rate_limit"]["seconds"]
+    return [{"run": f"ours: {label}, {run}", "rows": rows, **row,
+             "vs_no_limit": round(row["seconds"] / base, 3)} for run, row in best.items()]
+
+
+def _timed(server: LLMServer, graph: Graph, texts: list[str]) -> dict[str, Any]:
+    server.reset()
+    t0 = time.perf_counter()
+    res = graph.map({"text": texts, "base_url": server.base_url}, map_over="text",
+                    on_error="collect")
+    seconds = time.perf_counter() - t0
+    stats = server.stats()
+    return {"seconds": round(seconds, 2), "requests": stats["requests"],
+            "peak_in_flight": stats["max_in_flight"],
+            "failed": sum(1 for r in res if r.status != "complete")}
+
+
 def main(rows: int, engines: list[str], undeclared: bool = True) -> dict[str, Any]:
     texts = [f"review {i}: " + "fine " * (i % 9) + "value" for i in range(rows)]
     load_before = os.getloadavg()[0]
@@ -154,6 +212,22 @@ def main(rows: int, engines: list[str], undeclared: bool = True) -> dict[str, An
     }
 
 
-if __name__ == "__main__":
+def main_nonbinding(rows: int, engines: list[str]) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    out = []
+    for label in engines:
+        out += nonbinding(label, rows)
+        print(*out[-2:], sep="\n", flush=True)
+    return {"machine": machine(load_before, openai=openai.__version__),
+            "workload": {"rows": rows, "latency_ms": [10, 30], "server_limits": None,
+                         "declared": LOOSE, "concurrency": CONCURRENCY, "rounds": 3},
+            "rows": out}
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["nonbinding"]:
+    sys.argv.pop(1)
+    engines_cli(__doc__ or "", main_nonbinding, NB_COLUMNS, RESULTS, "paid_api_nonbinding",
+                20_000, ["local"], list(SETUPS))
+elif __name__ == "__main__":
     engines_cli(__doc__ or "", main, COLUMNS, RESULTS, "paid_api", 5_000,
                 ["local", "dask-processes", "daft-native"], list(SETUPS))
