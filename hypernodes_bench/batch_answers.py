@@ -13,9 +13,11 @@ Markers in a request's text choose its fate (on both paths unless said otherwise
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
+import struct
 from typing import Any
 
 from hypernodes_bench.llm_server import label_of
@@ -109,7 +111,7 @@ def answer(endpoint: str, body: dict[str, Any], key: str,
     tin, tout = billed or tokens(endpoint, body)
     model = body.get("model", "loopback")
     if endpoint.endswith("/embeddings"):
-        return _embeddings(body.get("input", ""), model, tin)
+        return _embeddings(body.get("input", ""), model, tin, body.get("encoding_format"))
     if endpoint.endswith("/messages"):
         return {"id": f"msg_{key}", "type": "message", "role": "assistant", "model": model,
                 "content": [{"type": "text", "text": label_of(_last_user(body.get("messages")))}],
@@ -126,16 +128,21 @@ def answer(endpoint: str, body: dict[str, Any], key: str,
                       "total_tokens": tin + tout}}
 
 
-def _embeddings(inputs: Any, model: str, tin: int) -> dict[str, Any]:
+def _embeddings(inputs: Any, model: str, tin: int, encoding: Any) -> dict[str, Any]:
     texts = inputs if isinstance(inputs, list) else [inputs]
-    data = [{"object": "embedding", "index": i, "embedding": _vector(str(t))}
+    data = [{"object": "embedding", "index": i, "embedding": _vector(str(t), encoding)}
             for i, t in enumerate(texts)]
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": tin, "total_tokens": tin}}
 
 
-def _vector(text: str) -> list[float]:
-    return [b / 255.0 for b in hashlib.blake2b(text.encode(), digest_size=8).digest()]
+def _vector(text: str, encoding: Any) -> list[float] | str:
+    """8 floats; as base64 of little-endian float32s when asked (what the ``openai``
+    client asks for unless told otherwise, and decodes)."""
+    floats = [b / 255.0 for b in hashlib.blake2b(text.encode(), digest_size=8).digest()]
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(floats)}f", *floats)).decode()
+    return floats
 
 
 def _response(body: dict[str, Any], model: str, key: str, tin: int, tout: int) -> dict[str, Any]:

@@ -79,8 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "anthropic_max_bytes": 256 * 2**20, "price_online": 1e-6, "price_batch": 5e-7,
     "rpm": None, "tpm": None, "window_seconds": 60.0, "latency": 0.0,
 }
-OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses",
-                    "/v1/completions", "/v1/moderations")
+OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses")
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")
 _CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _STAT_NAMES = ("files", "file_bytes", "files_deleted", "batches", "batches_failed",

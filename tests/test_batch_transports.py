@@ -408,6 +408,9 @@ def test_custom_ids_are_valid_and_name_the_request():
         t.line("/v1/images/generations", body)
     with pytest.raises(ValueError, match="/v1/messages"):
         a.line(CHAT, body)
+    for transport, endpoint in ((t, CHAT), (a, "/v1/messages")):
+        with pytest.raises(ValueError, match="stream=True"):
+            transport.line(endpoint, {**body, "stream": True})
 
 
 @pytest.mark.parametrize("good", [openai.OpenAI, openai.AsyncOpenAI, anthropic.Anthropic,
@@ -459,4 +462,12 @@ def test_the_online_endpoints_keep_a_rate_limit_the_batch_path_does_not(fake):
             results, _ = await round_trip(t, [(CHAT, chat(f"batched {i}")) for i in range(5)])
             assert {r.kind for r in results.values()} == {SUCCEEDED}
     run(main())
+    client.close()
+
+
+def test_embeddings_answer_base64_when_asked_as_the_openai_client_does(fake):
+    client = openai.OpenAI(base_url=fake.base_url, api_key="x", max_retries=0)
+    decoded = client.embeddings.create(model="emb", input="a b").data[0].embedding  # base64
+    floats = client.embeddings.create(model="emb", input="a b", encoding_format="float")
+    assert decoded == pytest.approx(floats.data[0].embedding) and len(decoded) == 8
     client.close()

@@ -42,6 +42,7 @@ from hypernodes_dist.batchapi.transport import (
     LineResult,
     QueueLimitError,
     kind_of_status,
+    refuse_streaming,
 )
 
 __all__ = ["AnthropicBatches", "ANTHROPIC_LIMITS", "ERROR_STATUS"]
@@ -76,6 +77,7 @@ class AnthropicBatches:
             raise ValueError(f"the Anthropic Batch API path takes {ENDPOINT} "
                              f"(messages.create); got {endpoint!r}: call it with "
                              "batch_api=False")
+        refuse_streaming(body)
         canonical = canonical_body(body)
         cid = f"{self.tag}_{digest_of(ENDPOINT, canonical)}"
         data = b"".join((b'{"custom_id":"', cid.encode(), b'","params":', canonical, b"}\n"))

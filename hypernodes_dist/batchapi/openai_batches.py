@@ -35,6 +35,7 @@ from hypernodes_dist.batchapi.transport import (
     LineResult,
     QueueLimitError,
     kind_of_status,
+    refuse_streaming,
 )
 
 __all__ = ["OpenAIBatches", "OPENAI_LIMITS", "OPENAI_ENDPOINTS"]
@@ -78,6 +79,7 @@ class OpenAIBatches:
 
     def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
         url = _endpoint(endpoint)
+        refuse_streaming(body)
         canonical = canonical_body(body)
         cid = f"{self.tag}_{digest_of(url, canonical)}"
         data = b"".join((b'{"custom_id":"', cid.encode(), b'","method":"POST","url":"',

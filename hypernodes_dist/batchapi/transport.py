@@ -29,7 +29,8 @@ from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 __all__ = ["BatchTransport", "Line", "BatchFile", "FileLimits", "BatchInfo", "BatchError",
            "LineResult", "SUCCEEDED", "CLIENT_ERROR", "RATE_LIMITED", "SERVER_ERROR",
            "EXPIRED", "CANCELLED", "RETRYABLE", "RUNNING", "ENDED", "FAILED",
-           "BatchNotFoundError", "QueueLimitError", "UnsupportedClientError", "kind_of_status"]
+           "BatchNotFoundError", "QueueLimitError", "UnsupportedClientError", "kind_of_status",
+           "refuse_streaming"]
 
 # what happened to one line
 SUCCEEDED = "succeeded"        # 2xx: ``body`` is the online response body
@@ -55,6 +56,13 @@ def kind_of_status(status: int) -> str:
     if status >= 500 or status in (408, 409):
         return SERVER_ERROR
     return CLIENT_ERROR
+
+
+def refuse_streaming(body: Mapping[str, Any]) -> None:
+    """A line's rule: a streamed call (``stream=True``) cannot be batched (ValueError)."""
+    if body.get("stream"):
+        raise ValueError("a streamed call (stream=True) cannot go through a Batch API: "
+                         "call it without stream=True, or with batch_api=False")
 
 
 @dataclass(frozen=True)
