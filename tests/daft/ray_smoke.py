@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,6 +21,22 @@ from tests.conformance import graphs as G
 @node(output_name="pid")
 def pid_of(x: int) -> int:
     return os.getpid()
+
+
+@node(output_name="y")
+def slow(x: int) -> int:
+    time.sleep(0.05)
+    return x
+
+
+class Heard:
+    """``ProgressEvent.done`` values as they arrive (from the map's Ray actor)."""
+
+    def __init__(self) -> None:
+        self.done: list[int] = []
+
+    def on_progress(self, event) -> None:
+        self.done.append(event.done)
 
 
 def main() -> None:
@@ -40,7 +57,14 @@ def main() -> None:
             cached = Graph([pid_of], engine=engine, cache=DiskCache(f"{tmp}/cache"))
             parts = cached.map(source=f"{tmp}/src.parquet", into=f"{tmp}/pids")
             pids = set(parts.to_arrow().column("pid").to_pylist())
+            heard, heard_into = Heard(), Heard()
+            Graph([slow], engine=engine, callbacks=[heard]).map(
+                {"x": list(range(60))}, map_over="x")
+            Graph([slow], engine=engine, callbacks=[heard_into]).map(
+                source=pa.table({"x": list(range(60))}), into=f"{tmp}/slow")
         out = {
+            "progress": heard.done,
+            "progress_into": heard_into.done,
             "dataset_c": rows.column("c").to_pylist(),
             "dataset_rows": parts.rows,
             "parts_in_driver": os.getpid() in pids,

@@ -38,3 +38,5 @@ def test_map_on_daft_ray_runner():
     assert out["summary"] == ["2.0±1.0", "2.0±0.0"]
     assert out["status"] == ["complete", "error", "complete"]
     assert out["error"] == "ItemFailure" and any("fragile" in n for n in out["notes"])
+    for done in (out["progress"], out["progress_into"]):  # counts from the Ray workers
+        assert done[-1] == 60 and done == sorted(done) and len(set(done)) >= 4, done
