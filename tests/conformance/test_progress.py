@@ -37,14 +37,16 @@ class Heard:
         self.events.append((time.monotonic(), event))
 
     def check(self, n: int) -> None:
-        """Heard about 4 times a second from the first row done to the end (at least once a
-        second, with half a second of slack for a loaded test machine), moving by rows
-        (not only by batch or file), ending with every row done."""
+        """Heard about 4 times a second from the first row done to the end: every gap
+        under a second but one (a loaded 2-core test machine stalls a process now and
+        then), and that one under 3 s; moving by rows (not only by batch or file), ending
+        with every row done."""
         times = [t for t, _ in self.events]
         done = [e.done for _, e in self.events]
         assert done == sorted(done) and self.events[-1][1].final and done[-1] == n
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
-        assert gaps[-1] < 1.5 and gaps[len(gaps) // 2] < 0.5, list(zip(times, done))
+        assert gaps[-1] < 3.0 and gaps[-2] < 1.0, list(zip(times, done))
+        assert gaps[len(gaps) // 2] < 0.5, list(zip(times, done))
         assert len(set(done)) >= 5, done
 
 
