@@ -20,7 +20,8 @@ returns rows ``a .. b`` of the part as an Arrow table of the output schema and t
   (pyarrow's writer releases the GIL); a new part waits until the previous part's last
   file is written, so at most two parts are held at once;
 - **reports**: each written file's ``PartReport`` (counts and events of its rows) goes to
-  ``report`` as the next step starts (in the driver: the progress bar moves by file).
+  ``report`` as the next step starts (exact counts; the bar moves per row in between,
+  through the progress channel: ``execution/progress.py``).
 """
 
 from __future__ import annotations
