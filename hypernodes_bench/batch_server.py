@@ -57,16 +57,8 @@ from typing import Any
 
 from aiohttp import web
 
-from hypernodes_bench.batch_answers import (
-    COMPACT,
-    answer,
-    anthropic_error,
-    key_int,
-    marker_fate,
-    openai_error,
-    request_key,
-    tokens,
-)
+from hypernodes_bench import batch_answers as answers
+from hypernodes_bench.batch_answers import request_key
 from hypernodes_bench.batch_store import (
     DEFAULTS,
     OPENAI_ENDPOINTS,
@@ -86,11 +78,11 @@ _CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 def _oa_error(status: int, message: str, code: str | None = None) -> web.Response:
-    return web.json_response(openai_error(status, message, code), status=status)
+    return web.json_response(answers.openai_error(status, message, code), status=status)
 
 
 def _an_error(status: int, message: str) -> web.Response:
-    return web.json_response(anthropic_error(status, message), status=status)
+    return web.json_response(answers.anthropic_error(status, message), status=status)
 
 
 class OpenAIRoutes:
@@ -353,8 +345,8 @@ def _anthropic_input(raw: Path, out: Path, max_requests: int) -> str | None:
             if cid in seen:
                 return f"requests.{i}.custom_id: {cid!r} is not unique in the batch."
             seen.add(cid)
-            f.write(COMPACT.encode({"custom_id": cid, "params": req.get("params")}).encode()
-                    + b"\n")
+            line = {"custom_id": cid, "params": req.get("params")}
+            f.write(answers.COMPACT.encode(line).encode() + b"\n")
     return None
 
 
@@ -377,11 +369,11 @@ class OnlineRoutes:
     async def answer(self, endpoint: str, raw: bytes) -> web.Response:
         store, anthropic = self.store, endpoint == "/v1/messages"
         body = json.loads(raw)
-        key = key_int(endpoint, body)
+        key = answers.key_int(endpoint, body)
         seen = store.received.get(key, 0) + 1
         store.received[key] = seen
         store.stats["online_requests"] += 1
-        billed = tokens(endpoint, body)
+        billed = answers.tokens(endpoint, body)
         wait = store.window.admit(sum(billed))
         headers = store.window.headers()
         if wait > 0:
@@ -390,7 +382,7 @@ class OnlineRoutes:
             return self.error(anthropic, 429, "Rate limit reached; retry later", headers)
         if store.config["latency"]:
             await asyncio.sleep(float(store.config["latency"]))
-        fate = marker_fate(raw, seen, batch=False)
+        fate = answers.marker_fate(raw, seen, batch=False)
         if fate is not None:
             status = fate[1]
             if status < 500 and status != 429:
@@ -401,12 +393,14 @@ class OnlineRoutes:
         store.answered[key] = store.answered.get(key, 0) + 1
         store.stats["online_ok"] += 1
         store.bill(*billed, "online")
-        return web.json_response(answer(endpoint, body, f"{key:016x}", billed), headers=headers)
+        out = answers.answer(endpoint, body, f"{key:016x}", billed)
+        return web.json_response(out, headers=headers)
 
     @staticmethod
     def error(anthropic: bool, status: int, message: str,
               headers: dict[str, str]) -> web.Response:
-        body = anthropic_error(status, message) if anthropic else openai_error(status, message)
+        body = (answers.anthropic_error(status, message) if anthropic
+                else answers.openai_error(status, message))
         return web.json_response(body, status=status, headers=headers)
 
 
