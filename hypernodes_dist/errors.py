@@ -19,6 +19,7 @@ __all__ = [
     "GateDecisionError",
     "BatchLengthError",
     "BudgetExceededError",
+    "WindowLimitError",
     "MapStoppedWarning",
     "NodeError",
     "EngineNotFoundError",
@@ -147,6 +148,22 @@ class BudgetExceededError(RuntimeError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.quantity, self.spent, self.limit, self.node),
                 self.__dict__)
+
+
+class WindowLimitError(ValueError):
+    """A call would meter more of a quantity than its ``rate_limit`` allows in a whole window
+    (``amount`` > ``limit`` per ``per`` seconds): it could never start, so it fails at once
+    (not retried), naming the node, the limit and what to do."""
+
+    def __init__(self, message: str, node: str = "", quantity: str = "", amount: float = 0.0,
+                 limit: float = 0.0, per: float = 0.0) -> None:
+        super().__init__(message)
+        self.node, self.quantity, self.amount = node, quantity, amount
+        self.limit, self.per = limit, per
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.node, self.quantity, self.amount, self.limit,
+                             self.per), self.__dict__)
 
 
 class MapStoppedWarning(UserWarning):

@@ -247,6 +247,7 @@ class Graph:
         overwrite: bool = False,
         commit_seconds: float | None = None,
         budget: Mapping[str, float] | None = None,
+        on_budget: Callable[[str, float, float], float | None] | None = None,
     ) -> Any:
         """Run the graph once per item on the graph's engine.
 
@@ -279,6 +280,10 @@ class Graph:
                 ago is in a complete file there, even without a cache (default 30).
             budget: ``{quantity: max}`` of what nodes ``meter``: once this map has metered
                 ``max``, no new call of a node metering it starts (``BudgetExceededError``).
+                A limit of 0 starts no metered call.
+            on_budget: ``ask(quantity, spent, limit)``, called in the driver when a budget
+                is spent (metered calls wait meanwhile): a new limit goes on with the same
+                map, ``None`` stops as without it.
 
         Returns:
             a ``MapResult`` (``GraphResult`` per item, in item order; ``.errors``,
@@ -289,7 +294,8 @@ class Graph:
                         commit_seconds)
         common: dict[str, Any] = dict(
             session_id=session_id, select=select, on_error=on_error, progress=progress,
-            cache=self.cache, callbacks=self.callbacks, budget=budget)
+            cache=self.cache, callbacks=self.callbacks, budget=budget,
+            on_budget=on_budget)
         if into is not None or source is not None:
             # pyarrow (and pandas/dask/daft for their sources) load only for dataset maps
             from hypernodes_dist.run.datasetrun import read_columns, run_dataset

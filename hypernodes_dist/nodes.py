@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from hypernodes_dist.policies import make_policy
+from hypernodes_dist.policies.signals import MAX_RETRY_AFTER
 from hypernodes_dist.policies.usage import may_meter, seen_metering
 
 __all__ = [
@@ -81,12 +82,13 @@ class HyperNode:
         retry_on: Any = Exception,
         batch_size: int | None = None,
         scalars: str | Iterable[str] = (),
+        max_retry_after: Any = MAX_RETRY_AFTER,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"node name must be a non-empty string, got {name!r}")
         # validated here; None when no policy is set (executors then add no wrapper at all)
         self.policy = make_policy(name, retries, backoff, timeout, concurrency, rate_limit,
-                                  retry_on)
+                                  retry_on, max_retry_after)
         self.name = name
         self.params = tuple(params)
         self.defaults = dict(defaults)
@@ -348,6 +350,7 @@ def node(
     retry_on: Any = Exception,
     batch_size: int | None = None,
     scalars: str | Sequence[str] = (),
+    max_retry_after: float = MAX_RETRY_AFTER,
 ) -> Any:
     """Make a function a graph node writing ``output_name`` (a tuple return is unpacked).
 
@@ -357,7 +360,9 @@ def node(
     (an exception class or a tuple; others fail at once); ``timeout`` seconds per attempt;
     ``concurrency`` caps overlapping calls and ``rate_limit`` (``"100/minute"`` or
     ``(count, seconds)``) spaces call starts, across all processes of the machine (and of a
-    Dask ``distributed`` cluster).
+    Dask ``distributed`` cluster). A provider's ``Retry-After`` longer than
+    ``max_retry_after`` seconds (default 3600), or not a number or an HTTP date, is ignored
+    (the back-off applies).
 
     ``batch_size=N``: a batch node. Each call receives, for every parameter that is not a
     resource, a list of up to N items' values (item order) and returns one value per item
@@ -378,7 +383,7 @@ def node(
             outputs=_outputs(output_name, node_name), tags=tags, cache=cache,
             streaming=streaming, retries=retries, backoff=backoff, timeout=timeout,
             version=version, concurrency=concurrency, rate_limit=rate_limit, retry_on=retry_on,
-            batch_size=batch_size, scalars=scalars,
+            batch_size=batch_size, scalars=scalars, max_retry_after=max_retry_after,
         )
 
     return wrap(func) if func is not None else wrap

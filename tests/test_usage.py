@@ -108,8 +108,8 @@ def test_metering_that_cannot_be_seen_still_counts_in_totals_and_budgets():
 
 
 @pytest.mark.parametrize("budget, match", [
-    ({}, "budget="), ({"cost": 0}, "positive"), ({"calls": 3}, "not a metered quantity"),
-    ([("cost", 1)], "budget="), ({"cost": float("inf")}, "positive")])
+    ({}, "budget="), ({"cost": -1}, ">= 0"), ({"calls": 3}, "not a metered quantity"),
+    ([("cost", 1)], "budget="), ({"cost": float("inf")}, ">= 0")])
 def test_bad_budgets_fail_before_anything_runs(budget, match):
     @node(output_name="y")
     def f(x: int) -> int:

@@ -9,7 +9,7 @@ keys, result assembly, events, progress, error policy — is the core's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.engines.kit import (
@@ -76,6 +76,12 @@ class Engine:
         machines (``kit.RemoteWorkers``: e.g. Dask's ``client.run``, "Dask worker").
         ``None`` (the default): every worker runs on this machine, so ``check_cache`` and
         ``check_output`` have nothing to check."""
+        return None
+
+    def driver_shared(self, key: str) -> Any | None:
+        """From the driver, the limits backend's shared value ``key`` as the engine's workers
+        see it (a map's budget answers, ``map(on_budget=)``); ``None`` (the default): the
+        one the driver's own backend holds (every process of this machine)."""
         return None
 
     def check_cache(self, cache: Cache) -> None:

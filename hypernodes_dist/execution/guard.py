@@ -8,7 +8,10 @@ may meter in a ``Guard`` (one per node per batch, or per scheduler call). The no
         hold-off (Retry-After) -> concurrency -> calls rate -> quantity rates -> budget
     the call             (under its timeout)
     gates exited         in reverse order, with the attempt's error or None
-    on an exception:     retried if ``retry_on`` lists it and attempts are left:
+    on an exception:     retried if ``retry_on`` lists it, attempts are left, the provider
+                         did not say ``x-should-retry: false`` and waiting can help
+                         (``signals.final``: not exhausted quota, a spent budget, a call
+                         larger than a window's limit):
                          PolicyEvent(kind="retry"), back-off (at least the Retry-After),
                          next attempt; otherwise the exception, with ``hn_attempts``
                          (and a note once retried)
@@ -43,12 +46,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.events import PolicyEvent
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.gates import Entry, Gate, gates_for
+from hypernodes_dist.policies.signals import final, should_retry
 from hypernodes_dist.policies.spec import NodeTimeoutError, Policy, backoff_delay
 from hypernodes_dist.policies.stats import record
 from hypernodes_dist.policies.usage import CALL, Metering, Usage, observed
@@ -132,7 +135,8 @@ class Guard:
     def _retry(self, entry: Entry, exc: Exception) -> float:
         """The back-off before the next attempt; raises ``exc`` when it is not retried."""
         p, attempt = self.policy, entry.attempt
-        if attempt > p.retries or not p.retryable(exc) or isinstance(exc, BudgetExceededError):
+        if (attempt > p.retries or not p.retryable(exc) or final(exc)
+                or should_retry(exc) is False):  # the provider's x-should-retry: false
             exc.hn_attempts = attempt  # type: ignore[attr-defined]
             if attempt > 1:
                 try:

@@ -1,71 +1,24 @@
 """Retry-After: the provider's own wait, read from an error, and the hold-off it sets.
 
-``retry_after(exc)`` finds the wait an error carries: ``exc.retry_after`` (seconds), or the
-``Retry-After`` / ``retry-after-ms`` header of ``exc.response`` (seconds or an HTTP date), as
-the ``openai``, ``httpx`` and ``requests`` exceptions carry it. ``HoldOff`` is a node's "no
+``retry_after(exc, most)`` (``signals.py``) finds the wait an error carries (garbage, or
+longer than the node's ``max_retry_after``: none). ``HoldOff`` is a node's "no
 new call before" time, shared through the limits backend (every process of the machine;
 the cluster on ``distributed``), read at most every ``REFRESH`` seconds per process.
 """
 
 from __future__ import annotations
 
-import email.utils
 import math
 import os
 import time
-from typing import Any
 
 from hypernodes_dist.policies.backend import SharedValue
 from hypernodes_dist.policies.limits import shared
+from hypernodes_dist.policies.signals import retry_after
 
-__all__ = ["retry_after", "HoldOff", "holdoff_for", "REFRESH", "MAX_WAIT"]
+__all__ = ["retry_after", "HoldOff", "holdoff_for", "REFRESH"]
 
 REFRESH = 0.1  # seconds a process trusts the hold-off it last read
-MAX_WAIT = 3600.0  # a Retry-After further out than this is taken as this
-
-
-def retry_after(exc: BaseException) -> float | None:
-    """Seconds the error says to wait before trying again, or ``None``."""
-    value = getattr(exc, "retry_after", None)
-    seconds = _seconds(value) if value is not None else None
-    if seconds is None:
-        headers = getattr(getattr(exc, "response", None), "headers", None)
-        if headers is not None:
-            seconds = _from_headers(headers)
-    if seconds is None:
-        return None
-    return min(max(seconds, 0.0), MAX_WAIT)
-
-
-def _from_headers(headers: Any) -> float | None:
-    try:
-        ms = headers.get("retry-after-ms") or headers.get("Retry-After-Ms")
-        if ms is not None:
-            found = _seconds(ms)
-            if found is not None:
-                return found / 1000.0
-        value = headers.get("retry-after") or headers.get("Retry-After")
-    except Exception:  # headers of an unknown kind: no wait given
-        return None
-    return None if value is None else _seconds(value)
-
-
-def _seconds(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    if not isinstance(value, str):
-        return None
-    try:
-        return float(value.strip())
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return when.timestamp() - time.time()
 
 
 class HoldOff:

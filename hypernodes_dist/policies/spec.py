@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hypernodes_dist.policies.signals import MAX_RETRY_AFTER
+
 __all__ = [
     "Policy",
     "NodeTimeoutError",
@@ -26,6 +28,8 @@ __all__ = [
     "parse_retry_on",
     "QuantityRate",
     "backoff_delay",
+    "check_concurrency",
+    "check_max_retry_after",
 ]
 
 
@@ -90,6 +94,7 @@ class Policy:
     rate: tuple[float, float] | None = None  # (count, per seconds)
     retry_on: tuple[type[BaseException], ...] = (Exception,)  # the errors worth retrying
     quantities: tuple[QuantityRate, ...] = ()  # rate limits on metered quantities
+    max_retry_after: float = MAX_RETRY_AFTER  # a longer Retry-After is ignored (not clamped)
 
     def retryable(self, exc: BaseException) -> bool:
         """Whether a failed attempt with ``exc`` may be retried (attempts left aside)."""
@@ -174,9 +179,27 @@ def parse_retry_on(value: Any, node: str = "?") -> tuple[type[BaseException], ..
     return classes
 
 
+def check_concurrency(value: Any, where: str) -> int | None:
+    """``concurrency=``: ``None`` or an int >= 1 (0 would start nothing: an error here);
+    ``where`` names the owner ("node 'x'", "resource 'llm'")."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{where}: concurrency must be an int >= 1 (or None for no limit), "
+                         f"got {value!r}")
+    return value
+
+
+def check_max_retry_after(value: Any, node: str) -> float:
+    """``max_retry_after=``: positive seconds (a longer Retry-After is ignored)."""
+    if not _number(value) or not value > 0:
+        raise ValueError(f"node {node!r}: max_retry_after must be positive seconds (a longer "
+                         f"Retry-After is ignored), got {value!r}")
+    return float(value)
+
+
 def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any = None,
                 concurrency: Any = None, rate_limit: Any = None,
-                retry_on: Any = Exception) -> Policy | None:
+                retry_on: Any = Exception, max_retry_after: Any = MAX_RETRY_AFTER
+                ) -> Policy | None:
     """Validate a node's policy keywords; ``None`` when none is set (no wrapper at all)."""
     retry_classes = parse_retry_on(retry_on, node)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
@@ -191,15 +214,13 @@ def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any =
             )
     if timeout is not None and (not _number(timeout) or timeout <= 0):
         raise ValueError(f"node {node!r}: timeout must be positive seconds, got {timeout!r}")
-    if concurrency is not None and (
-        not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
-    ):
-        raise ValueError(f"node {node!r}: concurrency must be an int >= 1, got {concurrency!r}")
+    check_concurrency(concurrency, f"node {node!r}")
+    most = check_max_retry_after(max_retry_after, node)
     rate, quantities = parse_rate_limits(rate_limit, node) if rate_limit is not None else (None, ())
     if not retries and timeout is None and concurrency is None and rate is None and not quantities:
         return None
     return Policy(node, retries, backoff, float(timeout) if timeout is not None else None,
-                  concurrency, rate, retry_classes, quantities)
+                  concurrency, rate, retry_classes, quantities, most)
 
 
 def backoff_delay(backoff: Any, attempt: int) -> float:

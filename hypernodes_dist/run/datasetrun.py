@@ -33,6 +33,7 @@ from hypernodes_dist.inputs import (
 )
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import check_budget
+from hypernodes_dist.run.onbudget import Ask, Asker
 from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.run.stops import Kept, is_budget
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
@@ -133,6 +134,7 @@ def run_dataset(
     callbacks: Sequence[Any] = (),
     commit_seconds: float = COMMIT_SECONDS,
     budget: Mapping[str, float] | None = None,
+    on_budget: Ask | None = None,
 ) -> DatasetResult:
     """Run a map whose rows come from ``source`` (or dict inputs) and write them ``into``
     (a finished row is in a file within about ``commit_seconds``)."""
@@ -142,7 +144,7 @@ def run_dataset(
     settings = BatchSettings(
         session_id=session_id or new_session_id(), run_prefix=run_prefix,
         select=check_select(plan, select), on_error=check_on_error(on_error), cache=cache,
-        want_events=wants_events(callbacks), budget=check_budget(budget, run_prefix))
+        want_events=wants_events(callbacks), budget=check_budget(budget, run_prefix, on_budget))
     if source is not None:
         src = open_source(source)
         mapping, broadcast = bind_source(plan, src, inputs, columns)
@@ -175,17 +177,19 @@ def run_dataset(
                     stop)
     collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
                                  settings.session_id, settings)
+    asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget)
     with collector.watch(engine, settings):  # a stop raised in here is on the bar
         try:
             if head is not None:
                 collector.accept(_write_head(task, head))
             job = DatasetJob(task, src, rows_per_part, out.committed())
-            with on_ctrl_c(stop) as pressed:
+            with on_ctrl_c(stop) as pressed, asker:
                 engine.execute_dataset(job, collector.accept)
         finally:
             stop.close()
         if pressed:
             raise KeyboardInterrupt
+        asker.raise_error()
         if collector.stop is not None and settings.on_error == "raise":
             raise collector.stop
     return collector.result()

@@ -14,6 +14,7 @@ from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.results import GraphResult, MapResult
+from hypernodes_dist.run.onbudget import Ask, Asker
 from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.run.stops import Kept, is_budget
 
@@ -37,6 +38,7 @@ def run_map(
     cache: Cache | None = None,
     callbacks: Sequence[Any] = (),
     budget: Mapping[str, float] | None = None,
+    on_budget: Ask | None = None,
 ) -> MapResult:
     """Run every item of a map on ``engine``; results in item order."""
     reject_interrupts(plan)
@@ -49,7 +51,7 @@ def run_map(
         on_error=check_on_error(on_error),
         cache=cache,
         want_events=wants_events(callbacks),
-        budget=check_budget(budget, run_prefix),
+        budget=check_budget(budget, run_prefix, on_budget),
     )
     if n == 0:
         return MapResult([], session_id=settings.session_id)
@@ -58,8 +60,11 @@ def run_map(
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     job = MapJob(plan, columns, broadcast, n, settings)
     collector = MapCollector(job, callbacks, progress, engine.name)
+    asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget)
     with collector.watch(engine, settings):
-        engine.execute_map(job, collector.accept)
+        with asker:
+            engine.execute_map(job, collector.accept)
+        asker.raise_error()
     return collector.result()
 
 

@@ -222,7 +222,7 @@ class Tally:
                 channel.close()
             self.close()
             if settings.budget is not None:
-                settings.budget.close()
+                settings.budget.close(engine.driver_shared)
 
     # -- the end ---------------------------------------------------------------------------
     def fail(self, exc: BaseException) -> None:

@@ -42,6 +42,7 @@ from hypernodes_dist.execution.progress import ProgressChannel, Receive
 from .cluster import ClientHandle, ProcessPool
 from .compile import Payload, build_graph, pack_columns, pickle_payload, run_partition
 from .datasets import run_dataset_distributed, run_dataset_local
+from .limits import DriverShared
 from .local import compute_local
 from .packing import unpack
 from .progress import WorkerEvents
@@ -214,6 +215,12 @@ class DaskEngine(Engine):
         ``into`` directory are checked on each (``client.run``) before a map."""
         if self.scheduler == "distributed":
             return RemoteWorkers(self._run_everywhere, "Dask worker")
+        return None
+
+    def driver_shared(self, key: str) -> Any | None:
+        """On a cluster, the workers' shared values live in the scheduler."""
+        if self.scheduler == "distributed":
+            return DriverShared(self.client, key)
         return None
 
     def _run_everywhere(self, fn: Callable[..., Any], arg: Any) -> dict[str, Any]:

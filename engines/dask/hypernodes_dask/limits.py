@@ -33,7 +33,7 @@ from typing import Any
 from hypernodes_dist.policies.backend import LimitsBackend
 from hypernodes_dist.policies.limits import register_backend
 
-__all__ = ["DistributedLimits", "probe"]
+__all__ = ["DistributedLimits", "DriverShared", "probe"]
 
 
 class _Semaphore:
@@ -95,6 +95,28 @@ class _Shared:
         with self.lock:
             value = change(self.client.get_metadata(self.path, default=None))
             self.client.set_metadata(self.path, value)
+        return value
+
+    def remove(self) -> None:
+        self.client.set_metadata(self.path, None)
+
+
+class DriverShared:
+    """A cluster's shared value seen from the driver (``Engine.driver_shared``): the
+    scheduler's metadata, read and set from the driver's client. ``update`` takes no lock:
+    the driver is the only writer of the values it updates (a map's budget answers); a task
+    could not take the workers' lock while every worker thread runs a parked call."""
+
+    def __init__(self, client: Any, key: str) -> None:
+        self.client, self.key = client, key
+        self.path = ["hypernodes-shared", key]
+
+    def get(self) -> Any:
+        return self.client.get_metadata(self.path, default=None)
+
+    def update(self, change: Callable[[Any], Any]) -> Any:
+        value = change(self.get())
+        self.client.set_metadata(self.path, value)
         return value
 
     def remove(self) -> None:

@@ -42,7 +42,7 @@ def gates_for(policy: Policy, budget: Budget | None = None) -> tuple[Gate, ...]:
 
 
 def _build(p: Policy) -> tuple[Gate, ...]:
-    gates: list[Gate] = [HoldOffGate(p.node)]
+    gates: list[Gate] = [HoldOffGate(p.node, p.max_retry_after)]
     if p.concurrency:
         gates.append(ConcurrencyGate(p.node, p.concurrency))
     if p.rate:

@@ -13,7 +13,7 @@ from typing import ClassVar
 from hypernodes_dist.policies.aimd import Backoff, backoff_for, rate_limited
 from hypernodes_dist.policies.gates.base import Entry
 from hypernodes_dist.policies.limits import Slots, slots
-from hypernodes_dist.policies.retryafter import retry_after
+from hypernodes_dist.policies.signals import final, retry_after
 
 __all__ = ["ConcurrencyGate"]
 
@@ -48,7 +48,8 @@ class ConcurrencyGate:
         self._give_place()
         if error is None:
             self.backoff.succeeded()
-        elif isinstance(error, Exception) and (rate_limited(error) or retry_after(error)):
+        elif isinstance(error, Exception) and not final(error) and (
+                rate_limited(error) or retry_after(error) is not None):
             if self.backoff.refused():
                 entry.throttle(0.0, f"rate limited: concurrency lowered to "
                                f"{self.backoff.allowed} of {self.n} in this process")

@@ -2,7 +2,8 @@
 
 ``enter`` waits out the node's hold-off (``retryafter.HoldOff``: shared by every process the
 limits backend serves). ``exit`` reads the wait a failed attempt's error carries
-(``retry_after``), spread at random so the calls told the same time do not collide again,
+(``signals.retry_after``: garbage, or longer than the node's ``max_retry_after``, is
+ignored; a refusal for exhausted quota holds nothing off: waiting does not help), spread at random so the calls told the same time do not collide again,
 and holds off every new call of the node that long (``entry.told``: the retry waits it too).
 Every guarded node has this gate: any error may carry a Retry-After.
 """
@@ -13,9 +14,9 @@ import random
 import time
 from typing import ClassVar
 
-from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.policies.gates.base import Entry
-from hypernodes_dist.policies.retryafter import holdoff_for, retry_after
+from hypernodes_dist.policies.retryafter import holdoff_for
+from hypernodes_dist.policies.signals import MAX_RETRY_AFTER, final, retry_after
 
 __all__ = ["HoldOffGate", "RETRY_AFTER_SPREAD"]
 
@@ -28,8 +29,8 @@ class HoldOffGate:
     holds: ClassVar[bool] = False
     meters: ClassVar[bool] = False
 
-    def __init__(self, node: str) -> None:
-        self.node = node
+    def __init__(self, node: str, most: float = MAX_RETRY_AFTER) -> None:
+        self.node, self.most = node, most
         self.holdoff = holdoff_for(node)
 
     async def enter(self, entry: Entry) -> float:
@@ -43,9 +44,9 @@ class HoldOffGate:
             await entry.sleep(wait)
 
     def exit(self, entry: Entry, error: BaseException | None) -> None:
-        if not isinstance(error, Exception) or isinstance(error, BudgetExceededError):
+        if not isinstance(error, Exception) or final(error):
             return
-        told = retry_after(error)
+        told = retry_after(error, self.most)
         if not told:
             return
         told *= 1 + random.random() * RETRY_AFTER_SPREAD  # at least that long

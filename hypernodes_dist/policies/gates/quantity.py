@@ -2,7 +2,8 @@
 
 ``enter`` reserves what the attempt is expected to meter (``usage.estimate``: the mean of
 the node's last calls in this process) from the backend's rate, and waits for the time that
-amount may start; ``exit`` corrects the reservation by what the attempt really metered
+amount may start; an amount larger than the whole window's limit could never start, so the
+attempt fails at once (``WindowLimitError``, naming the limit); ``exit`` corrects the reservation by what the attempt really metered
 (gives back, or takes more), so the next call sees what this one spent.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import ClassVar
 
+from hypernodes_dist.errors import WindowLimitError
 from hypernodes_dist.policies.backend import RateStore
 from hypernodes_dist.policies.gates.base import Entry
 from hypernodes_dist.policies.limits import amounts
@@ -31,12 +33,14 @@ class QuantityGate:
     meters: ClassVar[bool] = True
 
     def __init__(self, node: str, q: QuantityRate) -> None:
-        self.node, self.quantity = node, q.quantity
+        self.node, self.quantity, self.q = node, q.quantity, q
         self.rate: RateStore = amounts(f"{node}:{q.quantity}", q.count * PACE, q.per)
         self.reason = f"rate_limit {q.text}"
 
     async def enter(self, entry: Entry) -> float:
         expected = estimate(self.node, self.quantity)
+        if expected > self.q.count:
+            raise self._too_large(entry, expected)
         wait = self.rate.reserve(expected) - time.time()
         entry.keep(self, expected)
         if wait <= 0:
@@ -44,6 +48,15 @@ class QuantityGate:
         entry.throttle(wait, self.reason)
         await entry.sleep(wait)
         return wait
+
+    def _too_large(self, entry: Entry, expected: float) -> WindowLimitError:
+        q, item = self.q, entry.item
+        where = f"node {self.node!r}" if item is None else f"node {self.node!r} (item {item})"
+        return WindowLimitError(
+            f"{where} did not start: its calls meter about {expected:g} {q.quantity} each, more "
+            f"than rate_limit {q.quantity}={q.count:g} per {q.per:g}s allows in a whole window, "
+            f"so it could never start. Raise the limit (what the provider allows) or make "
+            f"calls smaller", self.node, q.quantity, expected, q.count, q.per)
 
     def exit(self, entry: Entry, error: BaseException | None) -> None:
         delta = entry.metered().get(self.quantity, 0.0) - entry.kept_by(self)
