@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from hypernodes_dist import node
+from hypernodes_dist import Graph, meter, node
 from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.policies.signals import quota_exhausted, retry_after, should_retry
 
@@ -138,3 +138,28 @@ def test_budget_limits():
         check_budget(None, "k", on_budget=lambda q, s, m: None)
     with pytest.raises(ValueError, match="on_budget=3"):
         check_budget({"cost": 1}, "k", on_budget=3)
+
+
+@node(output_name="y")
+def _dollar(x: int) -> int:
+    meter(cost=1.0)
+    return x
+
+
+def test_a_limit_not_above_what_is_spent_is_asked_again():
+    asked: list[float] = []
+
+    def ask(quantity: str, spent: float, limit: float) -> float | None:
+        asked.append(limit)
+        return [2.0, 5.0, None][len(asked) - 1]  # 2 is spent already: asked again
+
+    res = Graph([_dollar]).map({"x": list(range(10))}, map_over="x", budget={"cost": 3},
+                               on_budget=ask, on_error="collect")
+    assert asked == [3.0, 2.0, 5.0]
+    assert sum(r.status == "complete" for r in res) == 5 and res.usage["_dollar"]["cost"] == 5
+
+
+def test_a_bad_answer_of_on_budget_stops_the_map_with_a_type_error():
+    with pytest.raises(TypeError, match="on_budget returned 'lots' for budget cost=3"):
+        Graph([_dollar]).map({"x": list(range(10))}, map_over="x", budget={"cost": 3},
+                             on_budget=lambda q, s, m: "lots", on_error="collect")

@@ -11,7 +11,7 @@ from hypernodes_dist.policies.limits import using
 from hypernodes_dist.policies.memory import MemoryLimits
 
 # the conformance modules whose tests run on this variant too
-MODULES = ("test_policies", "test_usage")
+MODULES = ("test_policies", "test_usage", "test_signals")
 
 
 class MemoryLimitsEngine(GraphEngine):
@@ -24,6 +24,10 @@ class MemoryLimitsEngine(GraphEngine):
     def execute_map(self, job: Any, sink: Any) -> None:
         with using(self.limits):
             super().execute_map(job, sink)
+
+    def driver_shared(self, key: str) -> Any:
+        """The driver reaches the map's shared values (``on_budget``) in the same backend."""
+        return self.limits.shared(key)
 
     def execute_dataset(self, job: Any, report: Any) -> None:
         with using(self.limits):
