@@ -99,6 +99,7 @@ class Tally:
         self._lock = threading.RLock()
         self._started = time.monotonic()
         self._last_event = 0.0
+        self._closed = False
         self.bar = None
         if progress:
             from tqdm.auto import tqdm  # loaded only for maps that show progress
@@ -138,6 +139,8 @@ class Tally:
     def receive(self, updates: dict[int, int]) -> None:
         """The progress channel: ``{batch offset: rows finished}`` (any thread)."""
         with self._lock:
+            if self._closed:  # a late message: the map is over
+                return
             live, exact = self.live, self.exact
             for offset, done in updates.items():
                 if offset not in exact and done > live.get(offset, 0):
@@ -237,6 +240,7 @@ class Tally:
     def close(self) -> None:
         """Settle the bar on the exact counts, say what stopped the map, close the bar."""
         with self._lock:
+            self._closed = True
             self.live.clear()
             if self.stopped is None and self.budget_hit:
                 refused = self.refused or None

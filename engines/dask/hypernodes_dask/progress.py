@@ -1,14 +1,21 @@
 """Progress on a ``distributed`` cluster: workers log their finished row counts as worker
-events on a topic of the map's own, which the driver's client subscribes to (Dask's own
-channel: it reaches workers on any machine, through the scheduler connection)."""
+events, which the driver's client subscribes to (Dask's own channel: it reaches workers
+on any machine, through the scheduler connection). All maps share one topic (the
+scheduler keeps a bounded log per topic); each message names its map's channel."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from hypernodes_dist.execution.progress import ProgressChannel, Receive
 
-__all__ = ["WorkerEvents"]
+__all__ = ["WorkerEvents", "TOPIC"]
+
+TOPIC = "hypernodes-progress"
+_RECEIVERS: dict[str, Receive] = {}  # channel key -> the driver's receiver
+_SUBSCRIBED: dict[int, int] = {}  # id(client) -> open channels on it
+_lock = threading.Lock()
 
 
 def _worker() -> Any:
@@ -23,32 +30,45 @@ def _worker() -> Any:
         return next((w for w in list(Worker._instances) if w.status.name == "running"), None)
 
 
+def _handler(event: tuple[float, Any]) -> None:
+    key, pairs = event[1]
+    receive = _RECEIVERS.get(key)
+    if receive is not None:
+        receive({int(k): int(v) for k, v in pairs})
+
+
 class WorkerEvents(ProgressChannel):
     """``send`` logs a worker event (``Worker.log_event``: thread-safe, batched with the
-    worker's other messages); the client's handler hands it to the driver's receiver."""
+    worker's other messages); the client's handler hands it to the map's receiver."""
 
     def __init__(self, client: Any, receive: Receive) -> None:
         super().__init__()
-        self.topic = f"hn-progress-{self.key}"
         self._client = client
-
-        def handler(event: tuple[float, Any]) -> None:
-            receive({int(k): int(v) for k, v in event[1]})
-
-        client.subscribe_topic(self.topic, handler)
+        with _lock:
+            _RECEIVERS[self.key] = receive
+            if not _SUBSCRIBED.get(id(client)):
+                client.subscribe_topic(TOPIC, _handler)
+            _SUBSCRIBED[id(client)] = _SUBSCRIBED.get(id(client), 0) + 1
 
     def send(self, updates: dict[int, int]) -> None:
         worker = _worker()
         if worker is not None:
-            worker.log_event(self.topic, [[k, v] for k, v in updates.items()])
+            worker.log_event(TOPIC, [self.key, [[k, v] for k, v in updates.items()]])
 
     def close(self) -> None:
         client, self._client = self._client, None
-        if client is not None:
-            try:
-                client.unsubscribe_topic(self.topic)
-            except Exception:  # noqa: BLE001 -- the client may be closing
-                pass
+        if client is None:
+            return
+        with _lock:
+            _RECEIVERS.pop(self.key, None)
+            left = _SUBSCRIBED[id(client)] = _SUBSCRIBED.get(id(client), 1) - 1
+            if left > 0:
+                return
+            del _SUBSCRIBED[id(client)]
+        try:
+            client.unsubscribe_topic(TOPIC)
+        except Exception:  # noqa: BLE001 -- the client may be closing
+            pass
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"key": self.key, "topic": self.topic, "_client": None}
+        return {"key": self.key, "_client": None}
