@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import multiprocessing
 import threading
 import time
@@ -196,3 +197,41 @@ def test_a_remote_backend_is_called_off_the_calls_path_and_gets_its_units_back()
     while (slots.leasing or sem.value != 3) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sem.value == 3 and slots.free == 0
+
+
+# ------------------------------------------------------------------ rates: a bounded burst
+
+
+def test_a_rate_the_calls_never_reach_lets_a_burst_start_at_once():
+    from hypernodes_dist.policies.limits import burst_of, rate, using
+    from hypernodes_dist.policies.memory import MemoryLimits
+
+    with using(MemoryLimits()):
+        loose = rate("bursty", 60_000, 60.0)  # 1,000/s; a burst of 600 may start at once
+        waits = [loose.reserve() for _ in range(64)]  # 64 calls released together
+    assert burst_of(60_000) == 600
+    assert max(waits) == 0.0
+
+
+def test_a_rate_the_calls_reach_paces_them_and_no_period_holds_more_than_its_count():
+    from hypernodes_dist.policies.limits import rate, using
+    from hypernodes_dist.policies.memory import MemoryLimits
+
+    count, per = 1_000, 1.0  # a burst of 10, then 991/s
+    with using(MemoryLimits()):
+        tight = rate("paced", count, per)
+        t0 = time.time()
+        starts = sorted(t0 + tight.reserve() for _ in range(3 * count))
+    assert sum(1 for s in starts if s <= t0 + 0.001) <= 11  # the burst, then spaced
+    # every window of one period, wherever it begins, holds at most the count (+1: a start
+    # on each of its two edges)
+    assert all(bisect.bisect_right(starts, s + per) - i <= count + 1
+               for i, s in enumerate(starts))
+    assert starts[-1] - t0 >= (3 * count - 10) / count * per * 0.99
+
+
+def test_small_counts_have_no_burst():
+    from hypernodes_dist.policies.limits import paced
+
+    assert paced(5, 1.0) == (5, 1.0) and paced(199, 60.0) == (199, 1.0)
+    assert paced(3000, 10.0) == (2971, 30.0)

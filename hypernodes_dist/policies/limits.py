@@ -23,6 +23,7 @@ backend in blocks sized to the demand it sees.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 import time
@@ -35,9 +36,14 @@ from hypernodes_dist.policies.backend import LimitsBackend, RateStore, Semaphore
 from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 
 __all__ = ["Slots", "Rate", "register_backend", "using", "backend", "limiter", "slots", "rate",
-           "amounts", "shared", "settle", "MAX_RATE_BLOCK"]
+           "amounts", "shared", "settle", "paced", "burst_of", "MAX_RATE_BLOCK"]
 
 MAX_RATE_BLOCK = 64  # start times one rate reservation may take at most
+# A rate limit lets this share of its count start at once after a pause (a token bucket's
+# capacity), its steady pace lowered by as much: a limit the calls never reach costs
+# nothing however bunched they come (no waits, no events), and no window of the period
+# holds more than the count. 1%: 64 calls at once pass a limit of 6,400 per period or more.
+BURST_SHARE = 0.01
 LINGER = 0.05  # seconds a remote backend's idle unit stays with the process
 
 
@@ -220,15 +226,20 @@ class Slots:
 class Rate:
     """Start times of one rate limit, reserved from the backend in blocks.
 
-    A block of ``k`` consecutive start times costs one backend reservation. ``k`` doubles
-    while calls use a block up before its last start time has come (demand above the
-    rate) and falls back to 1 when start times go unused (a reserved start that has passed
-    is dropped, never used late: calls stay spaced, no burst).
+    The backend keeps the nominal schedule: start times ``interval`` apart, shared by every
+    process. A call may start up to ``tolerance`` seconds before its nominal time (a
+    bounded burst, ``burst_of``): a rate the calls never reach delays none of them, however
+    bunched they arrive; one they reach paces them ``interval`` apart. A block of ``k``
+    consecutive start times costs one backend reservation. ``k`` doubles while calls use a
+    block up before its last start time has come (demand above the rate) and falls back to
+    1 when start times go unused (a reserved start that has passed is dropped, never used
+    late).
     """
 
-    def __init__(self, rate: RateStore) -> None:
+    def __init__(self, rate: RateStore, tolerance: float = 0.0) -> None:
         self.rate = rate
         self.interval: float = rate.interval
+        self.tolerance = tolerance
         self.lock = threading.Lock()
         self.next = 0.0
         self.left = 0
@@ -247,7 +258,21 @@ class Rate:
             start = self.next
             self.next += self.interval
             self.left -= 1
-        return max(0.0, start - now)
+        return max(0.0, start - self.tolerance - now)
+
+
+def burst_of(count: float) -> float:
+    """Starts (or amounts) a burst of ``count``-per-period limit may take at once after a
+    pause: ``BURST_SHARE`` of the count, none below ``1 / BURST_SHARE``."""
+    return max(1.0, math.floor(count * BURST_SHARE))
+
+
+def paced(count: float, per: float) -> tuple[float, float]:
+    """``(steady count, burst)`` of a limit of ``count`` per ``per`` seconds: the steady
+    rate gives way to the burst, so no window of ``per`` seconds holds more than ``count``
+    (GCRA: at most ``per / interval + burst`` starts in any ``per`` seconds)."""
+    burst = burst_of(count)
+    return count - (burst - 1), burst
 
 
 # ------------------------------------------------------------------ backends
@@ -313,8 +338,14 @@ def slots(key: str, n: int) -> Slots:
 
 
 def rate(key: str, count: float, per: float) -> Rate:
-    """This process's start times of ``count`` calls per ``per`` seconds."""
-    return _limiter("rate", key, (count, per), lambda b: Rate(b.rate(key, count, per)))
+    """This process's start times of ``count`` calls per ``per`` seconds (a bounded burst,
+    ``paced``)."""
+    def make(where: LimitsBackend) -> Rate:
+        steady, burst = paced(count, per)
+        store = where.rate(key, steady, per)
+        return Rate(store, (burst - 1) * store.interval)
+
+    return _limiter("rate", key, (count, per), make)
 
 
 def amounts(key: str, count: float, per: float) -> RateStore:

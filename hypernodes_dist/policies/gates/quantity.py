@@ -2,8 +2,9 @@
 
 ``enter`` reserves what the attempt is expected to meter (``usage.estimate``: the mean of
 the node's last calls in this process) from the backend's rate, and waits for the time that
-amount may start; an amount larger than the whole window's limit could never start, so the
-attempt fails at once (``WindowLimitError``, naming the limit); ``exit`` corrects the reservation by what the attempt really metered
+amount may start (less a bounded burst: ``limits.paced``); an amount larger than the whole
+window's limit could never start, so the attempt fails at once (``WindowLimitError``, naming
+the limit); ``exit`` corrects the reservation by what the attempt really metered
 (gives back, or takes more), so the next call sees what this one spent.
 """
 
@@ -15,7 +16,7 @@ from typing import ClassVar
 from hypernodes_dist.errors import WindowLimitError
 from hypernodes_dist.policies.backend import RateStore
 from hypernodes_dist.policies.gates.base import Entry
-from hypernodes_dist.policies.limits import amounts
+from hypernodes_dist.policies.limits import amounts, paced
 from hypernodes_dist.policies.spec import QuantityRate
 from hypernodes_dist.policies.usage import estimate
 
@@ -34,14 +35,16 @@ class QuantityGate:
 
     def __init__(self, node: str, q: QuantityRate) -> None:
         self.node, self.quantity, self.q = node, q.quantity, q
-        self.rate: RateStore = amounts(f"{node}:{q.quantity}", q.count * PACE, q.per)
+        steady, burst = paced(q.count * PACE, q.per)
+        self.rate: RateStore = amounts(f"{node}:{q.quantity}", steady, q.per)
+        self.tolerance = (burst - 1) * self.rate.interval  # a bounded burst, as calls have
         self.reason = f"rate_limit {q.text}"
 
     async def enter(self, entry: Entry) -> float:
         expected = estimate(self.node, self.quantity)
         if expected > self.q.count:
             raise self._too_large(entry, expected)
-        wait = self.rate.reserve(expected) - time.time()
+        wait = self.rate.reserve(expected) - self.tolerance - time.time()
         entry.keep(self, expected)
         if wait <= 0:
             return 0.0
