@@ -75,7 +75,10 @@ class Budget:
         relevant = [(q, m) for q, m in self.limits if meters is None or q in meters]
         if not relevant:
             return None, False
-        spent = self.spent()
+        found = self._ledger().get()
+        if found is None and self.asks:  # opened by the driver: gone once the map is over
+            return Spent(relevant[0][0], 0.0, relevant[0][1]), True
+        spent = dict(found or {})
         answers: dict[str, Any] | None = None
         for quantity, most in relevant:
             used = spent.get(quantity, 0.0)
@@ -106,6 +109,11 @@ class Budget:
             f"spent ({found.used:g} metered). Finished items are kept; rerun with a larger "
             "budget (with a cache or into=, finished items are not paid again)",
             found.quantity, found.used, found.limit, node)
+
+    def open(self, where: Where | None = None) -> None:
+        """Start the ledger (the driver, before the map runs, with ``asks``): a call that
+        finds no ledger is one the map left behind (interrupted), and is refused."""
+        self._ledger(where).update(lambda old: old or {})
 
     def ask_for(self, found: Spent) -> None:
         """Tell the driver a call waits on ``found`` (idempotent: one write per limit)."""

@@ -177,7 +177,8 @@ def run_dataset(
                     stop)
     collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
                                  settings.session_id, settings)
-    asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget)
+    asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget,
+                  stop.stopped)
     with collector.watch(engine, settings):  # a stop raised in here is on the bar
         try:
             if head is not None:

@@ -12,6 +12,9 @@ once per spent limit, one question at a time:
 - ``None``: the quantity is stopped, as without ``on_budget`` (``BudgetExceededError``);
 - an exception, or anything else: stopped too, and the map raises that error (a
   ``TypeError`` for a bad answer) once everything finished is kept.
+
+When the map is over (or interrupted), every quantity is stopped and the budget's values
+are removed: a call the map left behind finds no ledger and does not start.
 """
 
 from __future__ import annotations
@@ -32,14 +35,17 @@ class Asker:
     """The driver's side of ``on_budget``: a context manager around the engine's run."""
 
     def __init__(self, budget: Budget | None, ask: Ask | None, where: Where | None = None,
-                 shown: dict[str, float] | None = None) -> None:
+                 shown: dict[str, float] | None = None,
+                 stopping: Callable[[], bool] | None = None) -> None:
         """``where``: the engine's ``driver_shared``; ``shown``: the limits the progress bar
-        and the stop line show, updated with each new limit."""
+        and the stop line show, updated with each new limit; ``stopping()``: the map is
+        being stopped (a dataset map's ``MapStop``: Ctrl-C) -- waiting calls stop too."""
         self.budget = budget if budget is not None and budget.asks else None
         self.ask, self.where = ask, where
         self.initial = dict(budget.limits) if budget is not None else {}
         self.limits: dict[str, float] = {}  # the limits ask gave
         self.shown = shown if shown is not None else {}
+        self.stopping = stopping
         self.stopped: set[str] = set()  # the quantities ask stopped
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -47,6 +53,7 @@ class Asker:
 
     def __enter__(self) -> Asker:
         if self.budget is not None:
+            self.budget.open(self.where)
             self.thread = threading.Thread(target=self._watch, name="hn-on-budget", daemon=True)
             self.thread.start()
         return self
@@ -55,6 +62,8 @@ class Asker:
         self.done.set()
         if self.thread is not None:
             self.thread.join()
+        if self.budget is not None:  # calls still waiting (the map was interrupted) stop
+            self._write(set(self.initial))
 
     def raise_error(self) -> None:
         """Raise what ``ask`` raised or the bad answer it gave (after the map)."""
@@ -64,6 +73,9 @@ class Asker:
     def _watch(self) -> None:
         while not self.done.wait(ASK_POLL):
             try:
+                if self.stopping is not None and self.stopping():
+                    self._write(set(self.initial))
+                    return
                 self.answer()
             except Exception as exc:  # the backend failed: stop asking, the map goes on
                 self.error = self.error or exc
@@ -85,8 +97,11 @@ class Asker:
                 self.stopped.add(quantity)
             else:
                 self.limits[quantity] = self.shown[quantity] = new
-            answers = {"limits": dict(self.limits), "stopped": sorted(self.stopped)}
-            budget.answers(self.where).update(lambda _old, a=answers: a)
+            self._write(self.stopped)
+
+    def _write(self, stopped: set[str]) -> None:
+        answers = {"limits": dict(self.limits), "stopped": sorted(stopped)}
+        self.budget.answers(self.where).update(lambda _old: answers)  # type: ignore[union-attr]
 
     def _ask(self, quantity: str, used: float, most: float) -> float | None:
         if self.error is not None:

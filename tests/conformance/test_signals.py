@@ -4,6 +4,10 @@ counts the 200 answers per message, so a row paid twice shows)."""
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+
 import pyarrow as pa
 import pytest
 
@@ -155,3 +159,28 @@ def test_an_error_in_on_budget_stops_the_map_and_is_raised(engine, server):
         _map(engine, server, [U.paid_label], [f"e {i}" for i in range(12)],
              budget={"cost": 4}, on_budget=ask)
     assert set(server.answered().values()) == {1}
+
+
+def test_ctrl_c_while_calls_wait_on_the_budget_stops_them(engine, server, tmp_path):
+    """The person asked presses Ctrl-C instead of answering at once: the calls waiting on
+    the budget do not start, every paid row is written, then KeyboardInterrupt."""
+    server.reset()
+    n = 40
+
+    pressed: list[bool] = []
+
+    def ask(quantity: str, spent: float, limit: float) -> float | None:
+        if pressed:
+            return None
+        pressed.append(True)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(0.3)  # the answer usually comes after the Ctrl-C (the test holds anyway)
+        return limit + 4
+
+    with pytest.raises(KeyboardInterrupt):
+        Graph([U.llm, U.paid_label], engine=engine).map(
+            source=pa.table({"text": [f"cc {i}" for i in range(n)]}),
+            inputs={"base_url": server.base_url}, into=tmp_path / "out", budget={"cost": 8},
+            on_budget=ask)
+    answered = server.answered()
+    assert set(answered.values()) == {1} and 8 <= len(answered) < n
