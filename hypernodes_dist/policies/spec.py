@@ -220,7 +220,7 @@ def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any =
     if not retries and timeout is None and concurrency is None and rate is None and not quantities:
         return None
     return Policy(node, retries, backoff, float(timeout) if timeout is not None else None,
-                  concurrency, rate, retry_classes, quantities, most)
+                  concurrency, rate, retry_classes, quantities, max_retry_after=most)
 
 
 def backoff_delay(backoff: Any, attempt: int) -> float:
