@@ -143,15 +143,28 @@ def test_rows_finished_where_they_run_move_the_bar_once(capsys):
     """Live counts (the progress channel) move the bar; a batch's exact count replaces
     its live one, and a live count arriving after it is ignored."""
     tally = Tally([], True, 100, "map")
-    tally.receive({0: 10, 50: 5})
+    tally.receive({0: (10, None), 50: (5, None)})
     assert tally.position == 15
     tally.add(50, 0, 0, [], offset=0)  # batch 0..50 done: its live 10 replaced by 50
     assert tally.position == 55
-    tally.receive({0: 30, 50: 20})  # late news of batch 0: ignored
+    tally.receive({0: (30, None), 50: (20, None)})  # late news of batch 0: ignored
     assert tally.position == 70
     tally.add(50, 0, 0, [], offset=50)
     tally.close()
     assert tally.position == 100 and "100/100" in _last_line(capsys)
+
+
+def test_what_live_rows_metered_is_on_the_bar_until_their_batch_comes_back(capsys):
+    tally = Tally([], True, 100, "map")
+    tally.receive({0: (20, {"tokens": 2_000})})
+    tally.bar.refresh()
+    assert "tokens=2k (proj. 10k)" in _last_line(capsys)
+    tally.add(50, 0, 0, [], {"ask": {"calls": 50, "tokens": 5_000}}, offset=0)
+    tally.receive({0: (50, {"tokens": 5_000}), 50: (10, {"tokens": 1_000})})
+    tally.bar.refresh()
+    line = _last_line(capsys)  # batch 0's exact 5k replaced its live count; batch 50 live
+    assert "60/100" in line and "tokens=6k (proj. 10k)" in line
+    tally.close()
 
 
 def test_a_budget_stop_is_on_the_bar_and_in_one_warning(capsys):

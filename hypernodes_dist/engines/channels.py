@@ -5,22 +5,23 @@ The driver binds a socket on ``127.0.0.1`` (a free port) and reads it in a daemo
 each worker process sends from one socket of its own, never blocking: a datagram that
 cannot be sent (the driver gone, a full buffer) is dropped, which costs nothing since
 counts are cumulative and the exact counts come with each batch anyway. A datagram holds
-the channel's token and ``(offset, done)`` pairs as 64-bit integers; others are ignored.
+the channel's token and the updates as JSON ``[[offset, done, metered or null], ...]``;
+others are ignored.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
-import struct
 import threading
 from typing import Any
 
-from hypernodes_dist.execution.progress import ProgressChannel, Receive
+from hypernodes_dist.execution.progress import ProgressChannel, Receive, Updates
 
 __all__ = ["MachineChannel"]
 
-_PAIRS = 4000  # (offset, done) pairs per datagram, at most (64 KB)
+_PER_DATAGRAM = 200  # updates per datagram, at most (well under 64 KB)
 _SENDER: tuple[int, socket.socket] | None = None  # (pid, socket) of this process
 
 
@@ -47,13 +48,12 @@ class MachineChannel(ProgressChannel):
                                         name="hn-progress")
         self._thread.start()
 
-    def send(self, updates: dict[int, int]) -> None:
-        pairs = [v for item in updates.items() for v in item]
-        for a in range(0, len(pairs), 2 * _PAIRS):
-            chunk = pairs[a:a + 2 * _PAIRS]
+    def send(self, updates: Updates) -> None:
+        items = [[k, done, metered] for k, (done, metered) in updates.items()]
+        for a in range(0, len(items), _PER_DATAGRAM):
+            data = json.dumps(items[a:a + _PER_DATAGRAM], separators=(",", ":")).encode()
             try:
-                _sender().sendto(self.token + struct.pack(f"<{len(chunk)}q", *chunk),
-                                 self.address)
+                _sender().sendto(self.token + data, self.address)
             except OSError:
                 return
 
@@ -66,10 +66,14 @@ class MachineChannel(ProgressChannel):
                 return
             if self._closed:
                 return
-            if data[:8] != token or (len(data) - 8) % 16:
+            if data[:8] != token:
                 continue
-            values = struct.unpack(f"<{(len(data) - 8) // 8}q", data[8:])
-            receive(dict(zip(values[::2], values[1::2])))
+            try:
+                items = json.loads(data[8:])
+                updates = {int(k): (int(done), metered) for k, done, metered in items}
+            except (ValueError, TypeError):
+                continue
+            receive(updates)
 
     def close(self) -> None:
         if self._closed:

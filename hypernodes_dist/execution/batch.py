@@ -32,6 +32,7 @@ from hypernodes_dist.execution.scheduler import Scheduler
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
+from hypernodes_dist.policies.usage import add_usage
 
 __all__ = ["execute_batch", "run_batch"]
 
@@ -77,7 +78,7 @@ async def _per_item(
     result.histories = [[] for _ in range(chunk.n)]
     running: dict[str, Any] | None = {} if keys is not None and plan.is_async else None
     ticks = ticker(settings.progress) if settings.progress is not None else None
-    finished = 0
+    finished, metered = 0, {}
 
     async def one(i: int) -> None:
         nonlocal finished
@@ -119,7 +120,9 @@ async def _per_item(
                              outputs=state.outputs(), duration_ms=(time.perf_counter() - t0) * 1e3))
         finished += 1
         if ticks is not None:
-            ticks.tick(chunk.offset, finished)
+            for execution in state.history:
+                add_usage(metered, execution.usage or {})
+            ticks.tick(chunk.offset, finished, metered)
 
     if plan.is_async:
         sem = asyncio.Semaphore(settings.concurrency or chunk.n)

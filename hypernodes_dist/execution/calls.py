@@ -291,6 +291,9 @@ class ColumnCalls:
                 events.append(event)
 
         guard = self.guards[node.name] = Guard(node, report, self.settings.budget)
+        if self.ticks is not None:  # the progress channel carries what calls meter
+            metered = self.metered
+            guard.on_usage = lambda usage: add_usage(metered, usage)
         return guard
 
 

@@ -102,6 +102,7 @@ class Columnar(ColumnCalls):
         # the progress channel's ticker, and the node being called: (its place, its calls)
         self.ticks = ticker(settings.progress) if settings.progress is not None else None
         self.stage = (0, 1)
+        self.metered: Usage = {}  # with a progress channel: what guarded calls metered so far
 
     async def run(self) -> BatchResult:
         hits: dict[str, dict[int, Any]] = {}
@@ -123,7 +124,7 @@ class Columnar(ColumnCalls):
         if self.ticks is not None:
             k, total = self.stage
             done = self.n * (k * total + calls) // (len(self.plan.nodes) * total)
-            self.ticks.tick(self.chunk.offset, done)
+            self.ticks.tick(self.chunk.offset, done, self.metered)
 
     # -- demand: which items must resolve each node (chained keys make warm runs cheap) -----
     def _plan_demand(self) -> dict[str, dict[int, Any]]:

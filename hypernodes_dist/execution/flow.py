@@ -92,7 +92,7 @@ class ItemFlow(Columnar):
         finally:
             self.pending -= 1
             if self.ticks is not None:
-                self.ticks.tick(self.chunk.offset, self.n - self.pending)
+                self.ticks.tick(self.chunk.offset, self.n - self.pending, self.metered)
 
     def _takes_part(self, node: HyperNode, i: int) -> bool:
         active = self.active.get(node.name)

@@ -115,6 +115,7 @@ class Guard:
         self.gauges = any(g.meters for g in self.gates)  # some gate reads what a call metered
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)
+        self.on_usage: Callable[[Usage], None] | None = None  # each execution's, as it ends
 
     # -- the gates' host ---------------------------------------------------------------------
     def event(self, kind: str, item: int | None, attempt: int, wait: float, reason: str) -> None:
@@ -174,6 +175,8 @@ class Guard:
         if usage:
             self.usage[item] = usage
             observed(self.policy.node, usage)
+            if self.on_usage is not None:
+                self.on_usage(usage)
 
     async def _attempts(self, call: Call, item: int | None, blocking: bool,
                         failed: Exception | None, timing: Attempts) -> Any:

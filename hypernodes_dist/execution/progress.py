@@ -2,13 +2,14 @@
 the driver, while they run.
 
 One small protocol, one implementation per transport. Where rows run, the executor calls
-``ticker(settings.progress).tick(offset, done)``: ``done`` rows of the batch starting at
-item ``offset`` are finished (cumulative, so a lost or late message is harmless). A
-``Ticker`` (one per process and channel) keeps the latest count per batch and hands them
-to the channel's ``send`` at most every ``INTERVAL`` seconds (coalesced; the last counts
-go out on a timer, so a batch that goes quiet still reports). The driver's side receives
-``{offset: done}`` dicts in any thread (``run/progress.py`` reconciles them with the exact
-counts that come with each batch or file).
+``ticker(settings.progress).tick(offset, done, metered)``: ``done`` rows of the batch
+starting at item ``offset`` are finished, and its calls metered ``metered`` so far
+(``{quantity: amount}``, or ``None``: unchanged); both cumulative, so a lost or late
+message is harmless. A ``Ticker`` (one per process and channel) keeps the latest per batch
+and hands them to the channel's ``send`` at most every ``INTERVAL`` seconds (coalesced; the
+last ones go out on a timer, so a batch that goes quiet still reports). The driver's side
+receives ``{offset: (done, metered)}`` dicts in any thread (``run/progress.py`` reconciles
+them with the exact counts that come with each batch or file).
 
 Transports (a channel is picklable: it travels in ``BatchSettings``):
 
@@ -24,13 +25,16 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
-__all__ = ["ProgressChannel", "LocalChannel", "Ticker", "ticker", "Receive", "INTERVAL"]
+__all__ = ["ProgressChannel", "LocalChannel", "Ticker", "ticker", "Receive", "Updates",
+           "INTERVAL"]
 
 INTERVAL = 0.25  # a process sends at most 4 updates a second per map
-Receive = Callable[[dict[int, int]], None]
+# batch offset -> (rows done, what its calls metered so far or None: unchanged)
+Updates = dict[int, tuple[int, Optional[dict[str, float]]]]
+Receive = Callable[[Updates], None]
 
 
 class ProgressChannel:
@@ -40,8 +44,9 @@ class ProgressChannel:
     def __init__(self) -> None:
         self.key = uuid.uuid4().hex
 
-    def send(self, updates: dict[int, int]) -> None:
-        """Hand ``{batch offset: rows done}`` to the driver (never raises, never blocks)."""
+    def send(self, updates: Updates) -> None:
+        """Hand ``{batch offset: (rows done, metered)}`` to the driver (never raises,
+        never blocks)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -58,7 +63,7 @@ class LocalChannel(ProgressChannel):
         super().__init__()
         _LOCAL[self.key] = receive
 
-    def send(self, updates: dict[int, int]) -> None:
+    def send(self, updates: Updates) -> None:
         receive = _LOCAL.get(self.key)
         if receive is not None:
             receive(updates)
@@ -83,15 +88,20 @@ class Ticker:
 
     def __init__(self, channel: ProgressChannel) -> None:
         self.channel = channel
-        self._pending: dict[int, int] = {}
+        self._pending: Updates = {}
         self._last = 0.0
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
-    def tick(self, offset: int, done: int) -> None:
-        """``done`` rows of the batch starting at item ``offset`` are finished."""
+    def tick(self, offset: int, done: int, metered: Mapping[str, float] | None = None) -> None:
+        """``done`` rows of the batch starting at item ``offset`` are finished; its calls
+        metered ``metered`` so far (``None``: as last said)."""
         with self._lock:
-            self._pending[offset] = done
+            if metered is None:
+                metered = self._pending.get(offset, (0, None))[1]
+            else:
+                metered = dict(metered)
+            self._pending[offset] = (done, metered)
             wait = self._last + INTERVAL - time.monotonic()
             if wait > 0:
                 if self._timer is None:
@@ -108,13 +118,13 @@ class Ticker:
             updates = self._take()
         self._send(updates)
 
-    def _take(self) -> dict[int, int]:
+    def _take(self) -> Updates:
         updates, self._pending = self._pending, {}
         self._last = time.monotonic()
         self._timer = None
         return updates
 
-    def _send(self, updates: dict[int, int]) -> None:
+    def _send(self, updates: Updates) -> None:
         if updates:
             try:
                 self.channel.send(updates)

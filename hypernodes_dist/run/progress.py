@@ -2,10 +2,10 @@
 
 Two streams reach it, in any order and any thread: the exact counts of each finished batch
 or written file (``add``: rows, hits, failures, usage, events), and the progress channel's
-counts of rows finished where they run (``receive``: ``{batch offset: rows done}``,
-``execution/progress.py``), which move the bar between them. A batch's live count is
-replaced by its exact one when that arrives (a late live count for it is ignored), so the
-bar never counts a row twice.
+counts of rows finished where they run and what their calls metered (``receive``:
+``{batch offset: (rows done, metered)}``, ``execution/progress.py``), which move the bar
+between them. A batch's live counts are replaced by its exact ones when those arrive (late
+live counts for it are ignored), so the bar never counts a row or a token twice.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from hypernodes_dist.events import Dispatcher, Event, ProgressEvent
+from hypernodes_dist.execution.progress import Updates
 from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.run.stops import Kept, Stop, budget_stop, emit, error_stop, is_budget
 
@@ -92,7 +93,8 @@ class Tally:
         self.usage: dict[str, dict[str, float]] = {}  # node -> calls and metered quantities
         self.initial, self.unit, self.failed_name = initial, unit, failed_name
         self.budget, self.kept = dict(budget or {}), kept
-        self.live: dict[int, int] = {}  # batch offset -> rows finished (progress channel)
+        # batch offset -> (rows finished, what they metered) from the progress channel
+        self.live: dict[int, tuple[int, dict[str, float] | None]] = {}
         self.exact = _Spans()
         self.stopped: Stop | None = None
         self.budget_hit = False
@@ -136,34 +138,43 @@ class Tally:
                     del self.live[key]
             self._show()
 
-    def receive(self, updates: dict[int, int]) -> None:
-        """The progress channel: ``{batch offset: rows finished}`` (any thread)."""
+    def receive(self, updates: Updates) -> None:
+        """The progress channel: ``{batch offset: (rows finished, metered)}`` (any thread)."""
         with self._lock:
             if self._closed:  # a late message: the map is over
                 return
             live, exact = self.live, self.exact
-            for offset, done in updates.items():
-                if offset not in exact and done > live.get(offset, 0):
-                    live[offset] = done
+            for offset, (done, metered) in updates.items():
+                if offset in exact:
+                    continue
+                old_done, old_metered = live.get(offset, (0, None))
+                live[offset] = (max(done, old_done), metered or old_metered)
             self._show()
 
     @property
+    def live_rows(self) -> int:
+        """Rows finished where they run whose batch has not come back yet."""
+        return sum(done for done, _ in self.live.values())
+
+    @property
     def position(self) -> int:
-        """Rows done: an earlier run's, this run's exact counts, and rows finished where
-        they run whose batch has not come back yet."""
-        return self.initial + self.done + sum(self.live.values())
+        """Rows done: an earlier run's, this run's exact counts, and the live ones."""
+        return self.initial + self.done + self.live_rows
 
     # -- display -------------------------------------------------------------------------
     def _metered(self) -> dict[str, float]:
         metered: dict[str, float] = {}
         for usage in self.usage.values():
             add_usage(metered, {q: v for q, v in usage.items() if q != "calls"})
+        for _, live in self.live.values():
+            add_usage(metered, live or {})
         return metered
 
     def _scale(self) -> float | None:
         """Rows this run has to do / rows it did (``None``: nothing left, or none done)."""
         todo = None if self.total is None else self.total - self.initial
-        return todo / self.done if todo and 0 < self.done < todo else None
+        done = self.done + self.live_rows
+        return todo / done if todo and 0 < done < todo else None
 
     def _postfix(self) -> str:
         parts = [f"cache_hits={self.hits:,}", f"{self.failed_name}={self.failed:,}"]

@@ -23,4 +23,5 @@ def ask_sync(text: str, base_url: str) -> str:
     r = httpx.post(f"{base_url}/chat/completions", timeout=10.0, json={
         "model": "loopback", "messages": [{"role": "user", "content": text}]})
     r.raise_for_status()
+    meter(tokens=r.json()["usage"]["total_tokens"])
     return r.json()["choices"][0]["message"]["content"]

@@ -80,6 +80,10 @@ def test_progress_of_a_dataset_map_moves_before_its_files_are_written(engine, sl
                 inputs={"base_url": slow_server.base_url})
     assert res.rows == 30
     heard.check(30)
+    # what the rows metered moves with them (one file, written at the end: the channel)
+    early = [e for _, e in heard.events if 0 < e.done < 30 and e.usage.get("tokens")]
+    assert early and all(e.projected["tokens"] > e.usage["tokens"] for e in early)
+    assert heard.events[-1][1].usage["tokens"] == res.usage["ask_sync"]["tokens"]
 
 
 def test_a_budget_stop_warns_in_one_line(engine, logs, tmp_path):

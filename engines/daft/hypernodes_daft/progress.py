@@ -9,23 +9,24 @@ from typing import Any
 
 import ray
 
-from hypernodes_dist.execution.progress import INTERVAL, ProgressChannel, Receive
+from hypernodes_dist.execution.progress import INTERVAL, ProgressChannel, Receive, Updates
 
 __all__ = ["RayMailbox"]
 
 
 class _Mailbox:
-    """The actor: the latest count per batch since the driver last took them."""
+    """The actor: the latest update per batch since the driver last took them."""
 
     def __init__(self) -> None:
-        self.updates: dict[int, int] = {}
+        self.updates: Updates = {}
 
-    def put(self, updates: dict[int, int]) -> None:
-        for offset, done in updates.items():
-            if done > self.updates.get(offset, 0):
-                self.updates[offset] = done
+    def put(self, updates: Updates) -> None:
+        for offset, (done, metered) in updates.items():
+            old_done, old_metered = self.updates.get(offset, (0, None))
+            self.updates[offset] = (max(done, old_done),
+                                    old_metered if metered is None else metered)
 
-    def take(self) -> dict[int, int]:
+    def take(self) -> Updates:
         out, self.updates = self.updates, {}
         return out
 
@@ -41,7 +42,7 @@ class RayMailbox(ProgressChannel):
                                         name="hn-progress")
         self._thread.start()
 
-    def send(self, updates: dict[int, int]) -> None:
+    def send(self, updates: Updates) -> None:
         self._actor.put.remote(updates)
 
     def _poll(self, receive: Receive) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from hypernodes_dist.execution.progress import ProgressChannel, Receive
+from hypernodes_dist.execution.progress import ProgressChannel, Receive, Updates
 
 __all__ = ["WorkerEvents", "TOPIC"]
 
@@ -34,7 +34,7 @@ def _handler(event: tuple[float, Any]) -> None:
     key, pairs = event[1]
     receive = _RECEIVERS.get(key)
     if receive is not None:
-        receive({int(k): int(v) for k, v in pairs})
+        receive({int(k): (int(done), metered) for k, done, metered in pairs})
 
 
 class WorkerEvents(ProgressChannel):
@@ -50,10 +50,11 @@ class WorkerEvents(ProgressChannel):
                 client.subscribe_topic(TOPIC, _handler)
             _SUBSCRIBED[id(client)] = _SUBSCRIBED.get(id(client), 0) + 1
 
-    def send(self, updates: dict[int, int]) -> None:
+    def send(self, updates: Updates) -> None:
         worker = _worker()
         if worker is not None:
-            worker.log_event(TOPIC, [self.key, [[k, v] for k, v in updates.items()]])
+            worker.log_event(TOPIC, [self.key, [[k, done, metered] for k, (done, metered)
+                                                in updates.items()]])
 
     def close(self) -> None:
         client, self._client = self._client, None
