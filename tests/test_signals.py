@@ -6,6 +6,7 @@ build-time checks (``concurrency=0``, 0 calls, ``max_retry_after``, ``budget=``)
 from __future__ import annotations
 
 import email.utils
+import pickle
 import time
 
 import httpx
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from hypernodes_dist import Graph, meter, node
+from hypernodes_dist.errors import WindowLimitError
 from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.policies.signals import quota_exhausted, retry_after, should_retry
 
@@ -163,3 +165,11 @@ def test_a_bad_answer_of_on_budget_stops_the_map_with_a_type_error():
     with pytest.raises(TypeError, match="on_budget returned 'lots' for budget cost=3"):
         Graph([_dollar]).map({"x": list(range(10))}, map_over="x", budget={"cost": 3},
                              on_budget=lambda q, s, m: "lots", on_error="collect")
+
+
+def test_window_limit_error_keeps_its_attributes_across_processes():
+    err = WindowLimitError("node 'f' did not start", "f", "tokens", 35.0, 20.0, 1.0)
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, ValueError) and str(back) == str(err)
+    assert (back.node, back.quantity, back.amount, back.limit, back.per) == (
+        "f", "tokens", 35.0, 20.0, 1.0)
