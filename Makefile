@@ -1,4 +1,6 @@
 PYTHON ?= python3
+# Test processes (pytest-xdist); tests that must not overlap share an xdist_group.
+JOBS ?= 2
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -17,7 +19,7 @@ demo: $(STAMP)
 	$(PY) examples/enrich.py --rows 2000
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hypernodes_dist hypernodes_bench engines tests benchmarks examples

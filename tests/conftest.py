@@ -1,13 +1,17 @@
-"""Make the repository root importable, so worker processes can import ``tests.*`` modules."""
+"""Make the repository root importable, so worker processes can import ``tests.*`` modules;
+give each test process (one per pytest-xdist worker) machine-wide limit state of its own."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 from hypernodes_bench.llm_server import LLMServer
+from hypernodes_dist.policies.machine import remove_semaphores
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -16,6 +20,19 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p
 )
 
+# Concurrency limits are kernel semaphores and rate/hold-off state is in files, both keyed by
+# the limits directory and shared by every process of the machine: two xdist workers (or two
+# test runs) testing the same node would share its limit. Each pytest process gets its own
+# directory (inherited by the workers, clusters and scripts its tests start).
+LIMITS_DIR = tempfile.mkdtemp(prefix=f"hn-limits-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+os.environ["HYPERNODES_LIMITS_DIR"] = LIMITS_DIR
+
+
+def pytest_unconfigure(config) -> None:
+    """Semaphores outlive their processes: remove this process's, then its limits folder."""
+    remove_semaphores(LIMITS_DIR)
+    shutil.rmtree(LIMITS_DIR, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def llm_server():
@@ -23,3 +40,12 @@ def llm_server():
     answers, no limits; shared by the whole session (``reset()`` clears its stats)."""
     with LLMServer() as server:
         yield server
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long tests (marked ``slow``) first, in their order: pytest-xdist then starts them
+    while the short ones fill the other workers, instead of one of them ending the run alone.
+    Tests of the session-scoped ``engine`` fixture are never marked slow, so its grouping by
+    engine is kept."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -75,6 +75,7 @@ def _writer(kind: str, path: str, me: int, batches: int, limit: int) -> None:
     cache.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_processes_writing_at_once_stay_under_the_limit(kind: str, tmp_path: pathlib.Path
                                                         ) -> None:

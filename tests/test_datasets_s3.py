@@ -46,6 +46,7 @@ def _engines():
             DaftEngine(batch_size=7)]
 
 
+@pytest.mark.slow
 def test_source_and_into_on_an_object_store(s3):
     uri, fs = s3
     texts = D.texts(30)

@@ -52,6 +52,7 @@ def _hammer(directory: str, running, peak, lock, out) -> None:
     out.put((CALLS, slots.backend_ops))
 
 
+@pytest.mark.slow
 def test_limit_holds_across_processes_and_waiters_are_woken(limits_dir):
     ctx = multiprocessing.get_context("spawn")
     running, peak, lock, out = ctx.Value("i", 0, lock=False), ctx.Value("i", 0, lock=False), \

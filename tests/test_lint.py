@@ -1,4 +1,5 @@
-"""The tree stays ruff-clean (DESIGN.md §5)."""
+"""The tree stays ruff-clean: the rules of ``[tool.ruff]`` in pyproject.toml, as ``make lint``
+checks them."""
 
 from __future__ import annotations
 

@@ -178,6 +178,7 @@ def _kill_midway(proc: subprocess.Popen, out: Path) -> float:
     return killed_at
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("engine_id", [e for e in KILLED if e in _engines()])
 def test_sigkill_loses_at_most_the_last_commit_seconds_and_rerun_computes_the_rest(

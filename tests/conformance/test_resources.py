@@ -22,7 +22,7 @@ from . import resource_graphs as R
 TEXTS = [f"review {i}: " + "good " * (i % 5) for i in range(120)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per test process, not one per engine
 def flaky_server():
     with LLMServer(latency=(0.002, 0.010), fail_rate=0.05) as server:
         yield server

@@ -130,7 +130,7 @@ def test_budget_of_a_dataset_map_stops_writing_then_a_rerun_finishes(engine, log
     assert U.executions(logs, "paid") == xs
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per test process, not one per engine
 def tight_server():
     """300 tokens per sliding second; 429 with retry-after past it."""
     with LLMServer(latency=(0.002, 0.008), tpm=300, window_seconds=1.0) as server:
@@ -147,7 +147,7 @@ def test_a_token_limit_keeps_calls_under_the_providers_limit(engine, tight_serve
     assert res.usage["tokens_limited"]["tokens"] >= 24 * 10
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one per test process, not one per engine
 def rpm_server():
     """8 requests per sliding second: most of a burst gets 429 with retry-after."""
     with LLMServer(latency=(0.002, 0.008), rpm=8, window_seconds=1.0) as server:

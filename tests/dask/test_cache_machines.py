@@ -244,15 +244,15 @@ def _s3_writer(url: str, worker: int, count: int) -> int:
 
 @pytest.mark.slow
 def test_eight_processes_writing_to_s3_lose_nothing(s3_url):
-    """8 writer processes x 100 writes on one S3 prefix (each write: two new objects)."""
+    """8 writer processes x 20 writes on one S3 prefix at once (each write: two new objects)."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(8) as pool:
-        assert sorted(pool.starmap(_s3_writer, [(s3_url, w, 100) for w in range(8)])) == list(
+        assert sorted(pool.starmap(_s3_writer, [(s3_url, w, 20) for w in range(8)])) == list(
             range(8))
-    keys = [f"w{w}-{i}" for w in range(8) for i in range(100)]
+    keys = [f"w{w}-{i}" for w in range(8) for i in range(20)]
     got = ObjectStoreCache(s3_url).get_many(keys)
-    assert len(got) == 800 and got["w5-42"] == {"worker": 5, "i": 42}
-    assert ObjectStoreCache(s3_url).stats()["entries"] == 800
+    assert len(got) == 160 and got["w5-17"] == {"worker": 5, "i": 17}
+    assert ObjectStoreCache(s3_url).stats()["entries"] == 160
 
 
 
@@ -277,16 +277,17 @@ def _s3_limited_writer(url: str, worker: int, batches: int, limit: int) -> int:
 
 @pytest.mark.timeout(300)
 def test_s3_size_limit_with_processes_and_prune_from_the_cli(s3_url):
-    """Four processes ("machines": they share only the bucket) write 30 batches each into a
-    60 KB S3 cache: afterwards it holds at most the limit, what is left reads back right, and
-    ``hypernodes-dist cache prune URL --max-size`` trims it further, printing what it did."""
+    """Four processes ("machines": they share only the bucket) write 12 batches of 10 KB each
+    into a 60 KB S3 cache: afterwards it holds at most the limit, what is left reads back
+    right, and ``hypernodes-dist cache prune URL --max-size`` trims it further, printing what
+    it did."""
     limit = 60_000
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
         assert sorted(pool.starmap(_s3_limited_writer,
-                                   [(s3_url, w, 30, limit) for w in range(4)])) == [0, 1, 2, 3]
+                                   [(s3_url, w, 12, limit) for w in range(4)])) == [0, 1, 2, 3]
     assert 0 < _s3_bytes(s3_url) <= limit
-    keys = [f"w{w}-{b}-{i}" for w in range(4) for b in range(30) for i in range(5)]
+    keys = [f"w{w}-{b}-{i}" for w in range(4) for b in range(12) for i in range(5)]
     found = ObjectStoreCache(s3_url).get_many(keys, node="n")
     assert 0 < len(found) < len(keys)
     assert all(v == f"{k[1:]}:" + "v" * 2000 for k, v in found.items())

@@ -68,6 +68,7 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_normal_exit_leaves_no_folder(tmp_path: Path, script: Path) -> None:
     proc = _start(tmp_path, script, 0.0)
@@ -77,6 +78,7 @@ def test_normal_exit_leaves_no_folder(tmp_path: Path, script: Path) -> None:
     assert _folders(tmp_path) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_killed_run_folder_is_removed_by_the_next_start(tmp_path: Path, script: Path) -> None:
     killed = _start(tmp_path, script, 30.0)

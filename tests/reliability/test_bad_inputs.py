@@ -42,14 +42,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from hypernodes_dist import Graph, GraphEngine, InterruptNode
-from hypernodes_dist.engines import DaftEngine, DaskEngine
-from hypernodes_dist.errors import GraphBuildError, GraphInputError
+pytest.importorskip("hypothesis", reason="hypothesis is in the test extra (pip install -e '.[test]')")
 
-from . import graphs as R
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hypernodes_dist import Graph, GraphEngine, InterruptNode  # noqa: E402
+from hypernodes_dist.engines import DaftEngine, DaskEngine  # noqa: E402
+from hypernodes_dist.errors import GraphBuildError, GraphInputError  # noqa: E402
+
+from . import graphs as R  # noqa: E402
 
 TRIED: dict[str, int] = {}  # examples run per property (reported by test_report_figures)
 
