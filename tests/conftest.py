@@ -20,6 +20,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p
 )
 
+# pytest-xdist gives its workers COLUMNS=80 and LINES=24 (the controller's terminal): tqdm
+# would cut the progress bars the tests read at 79 characters. A worker runs its tests as a
+# plain pytest process does: no terminal size.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+
 # Concurrency limits are kernel semaphores and rate/hold-off state is in files, both keyed by
 # the limits directory and shared by every process of the machine: two xdist workers (or two
 # test runs) testing the same node would share its limit. Each pytest process gets its own
