@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import re
+import subprocess
+import sys
 import time
 
 import httpx
@@ -193,7 +196,7 @@ def own_limits(tmp_path, monkeypatch):
     remove_semaphores(path)
 
 
-def test_rate_limit_errors_halve_a_nodes_concurrency_and_successes_restore_it():
+def test_rate_limit_errors_halve_a_nodes_concurrency_and_successes_restore_it(own_limits):
     backoff = backoff_for("aimd-node", 8)
     assert backoff.refused() and backoff.allowed == 4  # 8 -> 4 calls at once here
     assert not backoff.refused() and backoff.allowed == 4  # one cut per COOL seconds
@@ -204,6 +207,56 @@ def test_rate_limit_errors_halve_a_nodes_concurrency_and_successes_restore_it():
     assert [places.try_take() for _ in range(6)] == [True] * 5 + [False]  # the places hold
     for _ in range(5):
         places.give()
+
+
+def test_a_cut_made_by_another_process_lowers_this_ones(own_limits):
+    backoff = backoff_for("aimd-shared", 8)
+    assert backoff.allowed == 8
+    code = ("from hypernodes_dist.policies.aimd import backoff_for\n"
+            "b = backoff_for('aimd-shared', 8); assert b.refused() and b.allowed == 4")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    backoff.read_at = float("-inf")  # as REFRESH seconds later
+    backoff.refresh()
+    assert backoff.allowed == 4  # one back-off for every process of the machine
+    assert not backoff.refused() and backoff.allowed == 4  # one cut per COOL, whoever sees it
+
+
+def _refused() -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+    return httpx.HTTPStatusError("429 Too Many Requests", request=request,
+                                 response=httpx.Response(429, request=request))
+
+
+def test_a_lowered_concurrency_binds_calls_already_waiting(own_limits):
+    """After "lowered to 4 of 8", no call starts while 4 or more run until RECOVER calls
+    succeeded: a finished call does not hand its place to a waiting one past the width."""
+    running, starts, lowered, failed, ok = [0], [], [], [], [0]
+
+    class CB:
+        def on_policy(self, event):
+            if "concurrency lowered" in event.reason:
+                lowered.append(event.reason)
+
+    @node(output_name="y", concurrency=8)
+    async def call(x: int) -> int:
+        running[0] += 1
+        starts.append((bool(failed) and ok[0] < RECOVER, running[0]))
+        try:
+            await asyncio.sleep(0.01 if x == 0 else 0.05)
+            if x == 0:
+                raise _refused()
+            ok[0] += bool(failed)
+            return x
+        finally:
+            running[0] -= 1
+            failed.append(x) if x == 0 else None  # its guard cuts the width as it ends
+
+    res = Graph([call], callbacks=[CB()]).map({"x": list(range(40))}, map_over="x",
+                                              on_error="collect")
+    assert [r.status for r in res][1:] == ["complete"] * 39
+    assert lowered == ["rate limited: concurrency lowered to 4 of 8 for every process"]
+    after = [n for cut, n in starts if cut]
+    assert len(after) >= 8 and max(after) <= 4, str(starts)
 
 
 def test_a_429_lowers_the_concurrency_of_the_node(one_per_second, own_limits):

@@ -1,27 +1,34 @@
-"""A node's concurrency that backs off on rate-limit errors and recovers (AIMD).
+"""A concurrency that backs off on rate-limit errors and recovers (AIMD), one per API.
 
 A node with ``concurrency=N`` calls through a shared limit of N units (every process of the
-machine, or of the cluster). In front of it each process keeps its own places (``Backoff``),
-N at first. When a call is refused for its rate (HTTP 429, a ``RateLimitError``, a
-``Retry-After``), the places halve (multiplicative decrease, at most once per ``COOL``
-seconds, never below one); each ``RECOVER`` successful calls in a row widen it by one
-(additive increase) back to N. The places are the process's own, so a process always keeps at
-least one call going: processes that back off together can never hold the shared limit's
-units among them and starve each other.
+machine, or of the cluster). In front of it each process keeps places (``Backoff``), as
+many as the API's *width*, N at first, which lives in the limits backend (``shared``): one
+back-off for every process calling the API. When a call is refused for its rate (HTTP 429,
+a ``RateLimitError``, a ``Retry-After``), the width halves (multiplicative decrease, at most
+once per ``COOL`` seconds whichever process saw it, never below one); each ``RECOVER``
+successful calls in a row of a process widen it by one (additive increase) back to N; every
+process reads the width within ``REFRESH`` seconds. A lowered width binds: a finished call
+hands its place to a waiting one only while the place is within the width. The places are
+each process's own, so a process always keeps at least one call going: processes that back
+off together can never hold the shared limit's units among them and starve each other.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
+from typing import Any
 
-from hypernodes_dist.policies.limits import Slots
+from hypernodes_dist.policies.backend import SharedValue
+from hypernodes_dist.policies.limits import Slots, backend, shared
 
 __all__ = ["Backoff", "backoff_for", "rate_limited", "Places"]
 
 COOL = 1.0  # seconds between two decreases
 RECOVER = 16  # successful calls in a row that add a place
+REFRESH = 0.1  # seconds a process trusts the shared width it last read
 
 
 def rate_limited(exc: BaseException) -> bool:
@@ -65,6 +72,12 @@ class Places:
             if self.sleeping:
                 self.changed.notify()
 
+    def within(self) -> bool:
+        """Whether a place being returned is still in force (the width not lowered past it):
+        only then may it pass straight to a waiting call."""
+        with self.lock:
+            return self.used <= self.width
+
     def resize(self, width: int) -> None:
         with self.lock:
             self.width = width
@@ -72,52 +85,93 @@ class Places:
 
 
 class Backoff:
-    """One node's places in this process: ``slots`` (acquire/release like any limit)."""
+    """One API's back-off as this process sees it: its ``places`` (the calls this process
+    lets run at once), as wide as the width every process shares through the limits backend
+    (``state``: ``{"width", "cut_at"}``; none yet: ``n``). A cut or a recovery by any
+    process is read by every other within ``REFRESH`` seconds. ``slots``: its waiting calls.
+    """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, state: SharedValue) -> None:
         self.n = n
         self.places = Places(n)
         self.slots = Slots(self.places)  # its waiting calls
+        self.state = state
         self.lock = threading.Lock()
         self.successes = 0
-        self.cut_at = -COOL
+        self.read_at = -math.inf
 
     @property
     def allowed(self) -> int:
         """Calls this process lets run at once now."""
         return self.places.width
 
+    def refresh(self) -> None:
+        """Read the shared width (at most every ``REFRESH`` seconds) and size the places."""
+        now = time.monotonic()
+        if now - self.read_at >= REFRESH:
+            self.read_at = now
+            self._apply(self.state.get())
+
+    def _apply(self, found: Any) -> None:
+        width = found.get("width") if isinstance(found, dict) else None
+        width = self.n if not isinstance(width, int) else max(1, min(self.n, width))
+        if width != self.places.width:
+            self.places.resize(width)
+
     def refused(self) -> bool:
-        """A call was refused for its rate: halve the places; whether they narrowed."""
+        """A call was refused for its rate: halve the width (every process's, at most once
+        per ``COOL`` seconds, never below one); whether it narrowed."""
+        cut = [False]
+
+        def change(old: Any) -> dict[str, Any]:
+            old = old if isinstance(old, dict) else {}
+            width, at, now = int(old.get("width", self.n)), float(old.get("cut_at", 0)), time.time()
+            if now - at < COOL or width <= 1:
+                return {"width": width, "cut_at": at}
+            cut[0] = True
+            return {"width": max(1, width // 2), "cut_at": now}
+
+        self._apply(self.state.update(change))
+        self.read_at = time.monotonic()
         with self.lock:
-            now = time.monotonic()
-            if now - self.cut_at < COOL or self.places.width <= 1:
-                return False
-            self.cut_at, self.successes = now, 0
-            self.places.resize(max(1, self.places.width // 2))
-        return True
+            self.successes = 0
+        return cut[0]
 
     def succeeded(self) -> None:
-        """A call succeeded: after ``RECOVER`` in a row, add a place."""
+        """A call succeeded: after ``RECOVER`` in a row in this process, widen by one (every
+        process's) back to ``n``."""
         if self.places.width >= self.n:
             return
         with self.lock:
             self.successes += 1
-            if self.successes >= RECOVER:
-                self.successes = 0
-                self.places.resize(min(self.n, self.places.width + 1))
+            if self.successes < RECOVER:
+                return
+            self.successes = 0
+        n = self.n
+
+        def change(old: Any) -> dict[str, Any]:
+            old = old if isinstance(old, dict) else {}
+            return {**old, "width": min(n, int(old.get("width", n)) + 1)}
+
+        self._apply(self.state.update(change))
+        self.read_at = time.monotonic()
 
 
-_BACKOFFS: dict[tuple[str, int], Backoff] = {}
+_BACKOFFS: dict[tuple[str, str, str, int], Backoff] = {}
 _LOCK = threading.Lock()
 
 
-def backoff_for(node: str, n: int) -> Backoff:
-    """This process's ``Backoff`` of node ``node`` with ``concurrency=n``."""
-    found = _BACKOFFS.get((node, n))
+def backoff_for(key: str, n: int) -> Backoff:
+    """This process's ``Backoff`` of the API ``key`` (a node's name when it calls through no
+    resource) with ``concurrency=n``, over the limits backend in force here."""
+    where = backend()
+    ident = (where.name, where.directory, key, n)
+    found = _BACKOFFS.get(ident)
     if found is None:
         with _LOCK:
-            found = _BACKOFFS.setdefault((node, n), Backoff(n))
+            found = _BACKOFFS.get(ident)
+            if found is None:
+                found = _BACKOFFS[ident] = Backoff(n, shared(f"aimd-{n}-{key}"))
     return found
 
 
