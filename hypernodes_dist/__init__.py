@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hypernodes_dist.batchapi.recording import in_batch_api
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.local import GraphEngine
 from hypernodes_dist.graph import Graph
@@ -40,6 +41,7 @@ __all__ = [
     "InterruptNode",
     "resource",
     "meter",
+    "in_batch_api",
     "Graph",
     "GraphEngine",
     "Engine",

@@ -1,0 +1,238 @@
+"""The driver's cycle over one ``BatchTransport``: submit, poll, download, submit again.
+
+``BatchDriver`` keeps no state of its own: it replays the ledger (``store.Ledger``) when
+built and writes an event before and after every provider call, so a rerun (after a crash
+or a ``wait=False`` map) carries on where the last one stopped:
+
+- ``submit(requests)``: the requests with no answer, in no live batch and with attempts
+  left, packed (a generator into ``transport.pack``), uploaded and created; a create refused
+  for the queue limit leaves its lines for a later ``submit`` (not counted as an attempt).
+- ``poll()``: each live batch's status; an ended one is downloaded: answered lines (2xx and
+  4xx) go to the ``AnswerStore``, expired / cancelled / 5xx / 429 / missing lines and the
+  lines of a batch failed as a whole are submitted again by the next ``submit`` while they
+  have attempts left (``attempts``: 1 + the node's retries), after which the last outcome is
+  stored as their answer (an error status the client raises as its own error).
+- ``recover()``: a create sent but never recorded (a crash) is looked up in the provider's
+  batch list by metadata (``hn_file``) or, for providers without metadata, by the
+  custom_ids of an ended batch's results; a batch still unconfirmed keeps its lines out of
+  ``submit`` until it is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from hypernodes_dist.batchapi.recording import Answer
+from hypernodes_dist.batchapi.store import AnswerStore, FileState, Ledger, Request
+from hypernodes_dist.batchapi.transport import (
+    ENDED,
+    FAILED,
+    SUCCEEDED,
+    BatchFile,
+    BatchInfo,
+    BatchNotFoundError,
+    BatchTransport,
+    LineResult,
+    QueueLimitError,
+)
+
+__all__ = ["BatchDriver", "DriverCounts"]
+
+_SKEW = 300.0  # seconds of clock skew allowed when listing batches after a crash
+
+
+@dataclass
+class DriverCounts:
+    """What the driver did (for progress and tests)."""
+
+    files: int = 0
+    batches_created: int = 0
+    queue_refusals: int = 0
+    lines_answered: int = 0
+    lines_again: int = 0
+    lost: list[str] = field(default_factory=list)   # batch ids the provider no longer knows
+
+
+def _digest(custom_id: str) -> str:
+    return custom_id.split("_", 1)[1]
+
+
+class BatchDriver:
+    """Submit / poll / download for one transport, over a batch folder."""
+
+    def __init__(self, transport: BatchTransport, folder: str, *, attempts: int = 1,
+                 keep_files: bool = False) -> None:
+        self.transport, self.attempts, self.keep_files = transport, max(1, attempts), keep_files
+        self.ledger, self.answers = Ledger(folder), AnswerStore(folder)
+        self.files: dict[str, FileState] = self.ledger.files()
+        self.counts = DriverCounts()
+        self._last: dict[str, Answer] = {}  # digest -> its latest unanswered outcome
+
+    # -- which requests go ------------------------------------------------------------
+    def _tries(self, digest: str) -> int:
+        return sum(1 for f in self.files.values()
+                   if digest in f.digests and f.counted and f.state in ("done", "failed"))
+
+    def _live(self) -> set[str]:
+        return {d for f in self.files.values() if f.state in ("new", "submitted")
+                for d in f.digests}
+
+    def to_submit(self, requests: Iterable[Request]) -> Iterator[Request]:
+        """The requests that go into the next batches (a generator)."""
+        live = self._live()
+        for req in requests:
+            if req.digest in live or self.answers.get(req.digest) is not None:
+                continue
+            if self._tries(req.digest) >= self.attempts:
+                self._give_up(req.digest)
+                continue
+            live.add(req.digest)
+            yield req
+
+    def _give_up(self, digest: str) -> None:
+        last = self._last.get(digest) or Answer(500, {"error": {
+            "message": f"the batch line was not answered in {self.attempts} attempt(s)",
+            "type": "batch_line_failed"}})
+        self.answers.put(f"final-{digest}", [(digest, last)])
+
+    # -- submitting -------------------------------------------------------------------
+    async def submit(self, requests: Iterable[Request]) -> int:
+        """Pack, upload and create batches for the requests that need one; lines sent."""
+        lines = (self.transport.line(r.endpoint, r.body) for r in self.to_submit(requests))
+        sent = 0
+        for file in self.transport.pack(lines):
+            if await self._submit_file(file):
+                sent += len(file.lines)
+        return sent
+
+    async def _submit_file(self, file: BatchFile) -> bool:
+        state = FileState(f"{file.tag}-{time.time_ns():x}", file.tag,
+                          [_digest(c) for c in file.custom_ids])
+        self.files[state.fid] = state
+        self.ledger.write("file", fid=state.fid, tag=file.tag, digests=state.digests)
+        self.counts.files += 1
+        state.file_id = await self.transport.upload(file)
+        self.ledger.write("uploaded", fid=state.fid, file_id=state.file_id)
+        self.ledger.write("creating", fid=state.fid)
+        state.creating_at = time.time()
+        try:
+            info = await self.transport.create(file, state.file_id)
+        except QueueLimitError:
+            self._fail(state, counted=False)
+            self.counts.queue_refusals += 1
+            return False
+        self._created(state, info.id)
+        return True
+
+    def _created(self, state: FileState, batch_id: str) -> None:
+        state.batch_id, state.state = batch_id, "submitted"
+        self.ledger.write("created", fid=state.fid, batch=batch_id)
+        self.counts.batches_created += 1
+
+    def _fail(self, state: FileState, counted: bool, why: str = "") -> None:
+        state.state, state.counted = "failed", counted
+        self.ledger.write("failed", fid=state.fid, counted=counted, why=why)
+
+    # -- polling ----------------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        """Batches submitted and not yet downloaded (or still unconfirmed)."""
+        return sum(1 for f in self.files.values() if f.state in ("submitted", "new")
+                   and (f.batch_id or f.creating_at))
+
+    async def poll(self) -> int:
+        """One pass over the live batches; how many ended (downloaded or failed)."""
+        ended = 0
+        for state in [f for f in self.files.values() if f.state == "submitted"]:
+            try:
+                info = await self.transport.status(str(state.batch_id))
+            except BatchNotFoundError:
+                self.counts.lost.append(str(state.batch_id))
+                self._fail(state, counted=False, why="not found (404)")
+                continue
+            if info.state == ENDED:
+                await self._download(state, info)
+            elif info.state == FAILED:
+                self._batch_failed(state, info)
+            else:
+                continue
+            ended += 1
+        return ended
+
+    def _batch_failed(self, state: FileState, info: BatchInfo) -> None:
+        if info.queue_limited:
+            self.counts.queue_refusals += 1
+            self._fail(state, counted=False, why="queue limit")
+            return
+        failure = Answer(400, {"error": {"message": info.message or "the batch failed",
+                                         "type": "batch_failed"}})
+        for digest in state.digests:
+            self._last[digest] = failure
+        self._fail(state, counted=True, why=info.message)
+        self.counts.lines_again += len(state.digests)
+
+    async def _download(self, state: FileState, info: BatchInfo) -> None:
+        answered: list[tuple[str, Answer]] = []
+        seen: set[str] = set()
+        async for r in self.transport.results(info):
+            digest = _digest(r.custom_id)
+            seen.add(digest)
+            if r.retry:
+                self._last[digest] = _error_answer(r)
+            else:
+                answered.append((digest, Answer(int(r.status or 200), r.body)))
+        self.answers.put(str(state.batch_id), answered)
+        self.counts.lines_answered += len(answered)
+        self.counts.lines_again += len(state.digests) - len(answered)
+        state.state = "done"
+        self.ledger.write("done", fid=state.fid, answered=len(answered), seen=len(seen))
+        if not self.keep_files:
+            await self.transport.delete_files(info)
+
+    # -- after a crash ----------------------------------------------------------------
+    async def recover(self) -> int:
+        """Adopt batches created but not recorded; how many files are still uncertain."""
+        uncertain = [f for f in self.files.values()
+                     if f.state == "new" and f.creating_at is not None]
+        if not uncertain:
+            self._drop_unsent()
+            return 0
+        since = min(f.creating_at or 0.0 for f in uncertain) - _SKEW
+        known = {f.batch_id for f in self.files.values() if f.batch_id}
+        found = [b for b in await self.transport.list_batches(since) if b.id not in known]
+        left = 0
+        for state in uncertain:
+            match = await self._match(state, found)
+            if match is not None:
+                self._created(state, match.id)
+            elif any(not b.confirmed for b in found):
+                left += 1
+            else:
+                self._fail(state, counted=False, why="never created")
+        self._drop_unsent()
+        return left
+
+    def _drop_unsent(self) -> None:
+        for f in self.files.values():
+            if f.state == "new" and f.creating_at is None:
+                self._fail(f, counted=False, why="never created")
+
+    async def _match(self, state: FileState, found: list[BatchInfo]) -> BatchInfo | None:
+        for info in found:
+            if info.metadata.get("hn_file") == state.tag:
+                return info
+            if info.confirmed and not info.metadata and info.state == ENDED:
+                async for r in self.transport.results(info):
+                    if _digest(r.custom_id) in state.digests:
+                        return info
+                    break
+        return None
+
+
+def _error_answer(r: LineResult) -> Answer:
+    if r.status and r.body is not None:
+        return Answer(r.status, r.body)
+    return Answer(503 if r.kind != SUCCEEDED else 200,
+                  {"error": {"message": r.message or r.kind, "type": r.kind}})

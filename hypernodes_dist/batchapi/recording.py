@@ -1,0 +1,167 @@
+"""Recording and replaying a provider client's calls at its HTTP layer.
+
+In a ``batch_api=True`` node the user's client is swapped for a copy whose HTTP transport
+never reaches the network: a call the Batch API carries (``POST`` to chat completions,
+embeddings, responses; Anthropic messages) is looked up by its identity (endpoint +
+canonical body, exactly the bytes the client sends: openai adds
+``encoding_format="base64"`` to embeddings). Answered: the stored line (status + body)
+becomes the HTTP response, so the client builds its own response type (``ChatCompletion``,
+``Message``...) or raises its own error (``openai.BadRequestError``) itself. Not answered:
+the request is handed to ``record`` and ``BatchWait`` is raised, so the item waits.
+
+Both signals derive from ``BaseException``: the clients retry (and wrap) ``Exception``
+raised by a transport, and a node's ``except Exception`` must not swallow a wait. The call
+layer catches them: ``BatchWait`` makes the item wait, ``UnbatchableCall.error()`` fails
+it (a streamed call, ``with_raw_response``, an endpoint no Batch API carries).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import json
+import sys
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any, NamedTuple, Protocol
+
+from hypernodes_dist.batchapi.identity import request_digest
+
+__all__ = ["Answer", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
+           "recording_client", "batch_endpoint", "in_batch_api",
+           "answered_scope"]
+
+# the endpoints the providers batch, by the end of the path the client posts to
+_ENDPOINTS = {"/chat/completions": "/v1/chat/completions", "/embeddings": "/v1/embeddings",
+              "/responses": "/v1/responses", "/messages": "/v1/messages"}
+_RAW = "x-stainless-raw-response"
+_ANSWERED: contextvars.ContextVar[bool] = contextvars.ContextVar("hn_batch_answered",
+                                                                 default=False)
+
+
+class Answer(NamedTuple):
+    """A provider's answer to one line: the HTTP status and the response body."""
+
+    status: int
+    body: Any
+
+
+class AnswerLookup(Protocol):
+    """Where answers are read: ``get(digest)`` (``identity.request_digest``) or None."""
+
+    def get(self, digest: str) -> Answer | None: ...
+
+
+Record = Callable[[str, Mapping[str, Any]], None]
+
+
+class BatchWait(BaseException):  # noqa: N818 - a signal, not an error
+    """The call was recorded for a batch: its item waits for the answer."""
+
+    def __init__(self, endpoint: str, digest: str) -> None:
+        super().__init__(f"{endpoint} {digest} waits for a batch")
+        self.endpoint, self.digest = endpoint, digest
+
+
+class UnbatchableCall(BaseException):  # noqa: N818 - turned into the item's error
+    """A call no Batch API carries, made in a ``batch_api=True`` node."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+    def error(self, where: str = "") -> ValueError:
+        """The item's error (``where``: the node, for the message)."""
+        return ValueError(f"{where + ': ' if where else ''}{self.what} cannot go through a "
+                          "provider Batch API; call it the batched way (no stream=True, no "
+                          "with_raw_response; chat completions, embeddings, responses, "
+                          "messages) or set batch_api=False on the node")
+
+
+def in_batch_api() -> bool:
+    """True in a node's code once a call of it has been answered by a batch."""
+    return _ANSWERED.get()
+
+
+class answered_scope:  # noqa: N801 - used as a context manager
+    """Resets ``in_batch_api()`` to False for one run of a node's code."""
+
+    def __enter__(self) -> answered_scope:
+        self._token = _ANSWERED.set(False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _ANSWERED.reset(self._token)
+
+
+def batch_endpoint(request: Any) -> tuple[str, dict[str, Any]]:
+    """The batch endpoint and JSON body of an HTTP request (``httpx``/``httpx2``), or
+    ``UnbatchableCall`` naming it."""
+    path = request.url.path.rstrip("/")
+    what = f"{request.method} {path}"
+    if request.headers.get(_RAW, "").lower() == "true":
+        raise UnbatchableCall(f"{what} with with_raw_response")
+    endpoint = next((e for end, e in _ENDPOINTS.items() if path.endswith(end)), None)
+    if request.method != "POST" or endpoint is None:
+        raise UnbatchableCall(what)
+    try:
+        body = json.loads(request.content or b"{}")
+    except ValueError as exc:
+        raise UnbatchableCall(f"{what} with a body that is not JSON") from exc
+    if not isinstance(body, dict):
+        raise UnbatchableCall(f"{what} with a body that is not a JSON object")
+    if body.get("stream"):
+        raise UnbatchableCall(f"{what} with stream=True")
+    return endpoint, body
+
+
+class RecordingTransport:
+    """An HTTP transport (sync and async) that answers from ``answers`` and records the
+    rest; ``http`` is the HTTP package the client is built on (``httpx`` or ``httpx2``)."""
+
+    def __init__(self, answers: AnswerLookup, record: Record, http: ModuleType) -> None:
+        self.answers, self.record, self.http = answers, record, http
+
+    def handle_request(self, request: Any) -> Any:
+        request.read()
+        return self._replay(request)
+
+    async def handle_async_request(self, request: Any) -> Any:
+        await request.aread()
+        return self._replay(request)
+
+    def _replay(self, request: Any) -> Any:
+        endpoint, body = batch_endpoint(request)
+        digest = request_digest(endpoint, body)
+        answer = self.answers.get(digest)
+        if answer is None:
+            self.record(endpoint, body)
+            raise BatchWait(endpoint, digest)
+        _ANSWERED.set(True)
+        return self.http.Response(answer.status, json=answer.body, request=request)
+
+    def close(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _http_package(client: Any) -> ModuleType:
+    for cls in type(getattr(client, "_client", None)).__mro__:
+        top = cls.__module__.split(".")[0]
+        if top.startswith("httpx"):
+            return sys.modules[top]
+    raise TypeError(f"{type(client).__qualname__} is not built on httpx: it cannot be "
+                    "recorded for a Batch API")
+
+
+def recording_client(client: Any, answers: AnswerLookup, record: Record) -> Any:
+    """A copy of an ``openai``/``anthropic`` client (sync or async) whose calls are recorded
+    and replayed (no retries: a batch line is answered once)."""
+    http = _http_package(client)
+    transport = RecordingTransport(answers, record, http)
+    is_async = inspect.iscoroutinefunction(getattr(type(client), "post", None))
+    http_client = (http.AsyncClient(transport=transport) if is_async
+                   else http.Client(transport=transport))
+    return client.copy(http_client=http_client, max_retries=0)

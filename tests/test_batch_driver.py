@@ -1,0 +1,224 @@
+"""The batch path below the executor: the recording client (real ``openai`` sync/async and
+``anthropic`` clients), the request log, ledger and answer store, and the driver's
+submit/poll/download cycle, against the loopback fake provider."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from hypernodes_bench.batch_answers import request_key
+from hypernodes_bench.batch_server import DEFAULTS, BatchServer
+from hypernodes_dist.batchapi import AnthropicBatches, OpenAIBatches
+from hypernodes_dist.batchapi.driver import BatchDriver
+from hypernodes_dist.batchapi.recording import (
+    BatchWait,
+    UnbatchableCall,
+    answered_scope,
+    in_batch_api,
+    recording_client,
+)
+from hypernodes_dist.batchapi.store import AnswerStore, Ledger, RequestLog
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BatchServer() as s:
+        yield s
+
+
+@pytest.fixture
+def fake(server):
+    server.reset()
+    yield server
+    server.configure(**DEFAULTS)
+
+
+def _openai(server: BatchServer, kind: str) -> Any:
+    cls = openai.AsyncOpenAI if kind == "async" else openai.OpenAI
+    return cls(base_url=server.base_url, api_key="x", max_retries=0)
+
+
+def _chat(client: Any, text: str) -> Any:
+    """The node's code: one chat call (awaited for an async client)."""
+    out = client.chat.completions.create(model="gpt-4o-mini",
+                                         messages=[{"role": "user", "content": text}])
+    return asyncio.run(_await(out)) if asyncio.iscoroutine(out) else out
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+def _node(client: Any, text: str) -> Any:
+    """Run the node's code: (response, in_batch_api()), or the BatchWait it raised."""
+    async def node() -> Any:
+        r = await client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": text}])
+        return r, in_batch_api()
+    try:
+        with answered_scope():
+            if isinstance(client, openai.AsyncOpenAI):
+                return asyncio.run(node())
+            return _chat(client, text), in_batch_api()
+    except BatchWait as wait:
+        return wait
+
+
+def _drive(driver: BatchDriver, log: RequestLog, rounds: int = 50) -> None:
+    """Submit and poll until nothing is live and nothing new was recorded."""
+    async def loop() -> None:
+        known: list[Any] = []
+        for _ in range(rounds):
+            known += log.new()
+            await driver.submit(known)
+            await driver.poll()
+            if not driver.running and not list(driver.to_submit(known)):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("batches did not end")
+    asyncio.run(loop())
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_openai_answers_equal_online_and_each_request_once(fake, tmp_path, kind):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    online = _openai(fake, "sync")
+    client = recording_client(_openai(fake, kind), answers, log.record)
+    texts = ["good film", "bad film", "good film", "[[status:400]] nope"]
+    assert all(isinstance(_node(client, t), BatchWait) for t in texts)
+    assert fake.stats()["online_requests"] == 0   # nothing left the recording client
+    transport = OpenAIBatches(_openai(fake, "async" if kind == "async" else "sync"), "map-1")
+    _drive(BatchDriver(transport, str(folder)), log)
+    fake.reset()
+    for text in ["good film", "bad film"]:
+        got, batched = _node(client, text)
+        assert batched and got == _chat(online, text)
+        assert type(got) is openai.types.chat.ChatCompletion
+    with pytest.raises(openai.BadRequestError) as err:
+        _chat(client, "[[status:400]] nope")
+    assert err.value.status_code == 400
+    counts = fake.counts()
+    assert all(received == 1 for received, _ in counts.values())  # only the online calls
+
+
+def test_each_distinct_request_reaches_the_provider_once(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    texts = [f"text {i % 7}" for i in range(30)]
+    for t in texts:
+        _node(client, t)
+    _drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder)), log)
+    body = lambda t: {"messages": [{"role": "user", "content": t}], "model": "gpt-4o-mini"}  # noqa: E731
+    counts = fake.counts()
+    assert {request_key(CHAT, body(t)) for t in texts} == set(counts)
+    assert all(c == [1, 1] for c in counts.values())
+
+
+def test_expired_cancelled_and_failed_lines_go_again_completed_never(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    texts = ["plain", "[[expire:1]] late", "[[cancel:1]] stopped", "[[status:500:1]] flaky"]
+    for t in texts:
+        _node(client, t)
+    fake.configure(fail_batches=1)
+    driver = BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder), attempts=4)
+    _drive(driver, log)
+    for t in texts:
+        got, batched = _node(client, t)
+        assert batched and got.choices[0].message.content
+    received = {k: v[0] for k, v in fake.counts().items()}
+    plain = request_key(CHAT, {"messages": [{"role": "user", "content": "plain"}],
+                               "model": "gpt-4o-mini"})
+    assert received[plain] == 1   # the failed batch never reached its lines; the rest: once
+    assert sorted(received.values()) == [1, 2, 2, 2]
+    assert fake.stats()["batches_failed"] == 1
+
+
+def test_retries_exhausted_fail_the_item_with_the_clients_error(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    _node(client, "[[status:500:5]] down")
+    _drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder), attempts=2), log)
+    with pytest.raises(openai.InternalServerError):
+        _chat(client, "[[status:500:5]] down")
+    assert list(fake.counts().values()) == [[2, 0]]
+
+
+def test_queue_limit_refusal_is_waited_out(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    for i in range(3):
+        _node(client, f"q {i}")
+    fake.configure(queue_refuse=True, queue_tokens=1)
+    driver = BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder))
+    requests = log.new()
+    asyncio.run(driver.submit(requests))
+    assert driver.counts.queue_refusals == 1
+    fake.configure(queue_refuse=False, queue_tokens=None)
+    asyncio.run(driver.submit(requests))
+    _drive(driver, log)
+    assert all(_node(client, f"q {i}")[1] for i in range(3))
+
+
+def test_anthropic_messages_replay_as_message(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    base = anthropic.Anthropic(base_url=fake.anthropic_base_url, api_key="x", max_retries=0)
+    client = recording_client(base, answers, log.record)
+
+    def call(text: str) -> Any:
+        return client.messages.create(model="claude-haiku", max_tokens=16,
+                                      messages=[{"role": "user", "content": text}])
+    for text in ["hello", "[[status:400]] bad"]:
+        with pytest.raises(BatchWait):
+            call(text)
+    _drive(BatchDriver(AnthropicBatches(base, "m"), str(folder)), log)
+    got = call("hello")
+    assert type(got) is anthropic.types.Message
+    assert got == base.messages.create(model="claude-haiku", max_tokens=16,
+                                       messages=[{"role": "user", "content": "hello"}])
+    with pytest.raises(anthropic.BadRequestError):
+        call("[[status:400]] bad")
+
+
+def test_calls_no_batch_carries_are_refused_by_name(fake, tmp_path):
+    answers, log = AnswerStore(tmp_path), RequestLog(tmp_path)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    msgs = [{"role": "user", "content": "x"}]
+    with pytest.raises(UnbatchableCall, match="stream=True"):
+        client.chat.completions.create(model="m", messages=msgs, stream=True)
+    with pytest.raises(UnbatchableCall, match="with_raw_response"):
+        client.chat.completions.with_raw_response.create(model="m", messages=msgs)
+    with pytest.raises(UnbatchableCall, match="images/generations"):
+        client.images.generate(prompt="a cat")
+    assert "batch_api=False" in str(UnbatchableCall("POST /v1/x").error("node 'f'"))
+    assert log.new() == []
+
+
+def test_a_rerun_adopts_a_batch_created_but_not_recorded(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    _node(client, "lost answer")
+    transport = OpenAIBatches(_openai(fake, "sync"), "m")
+    driver = BatchDriver(transport, str(folder))
+    asyncio.run(driver.submit(log.new()))
+    lines = Ledger(folder).path.read_text().splitlines()
+    Ledger(folder).path.write_text("\n".join(lines[:-1]) + "\n")  # the crash: no "created"
+    again = BatchDriver(transport, str(folder))
+    assert asyncio.run(again.recover()) == 0
+    _drive(again, RequestLog(folder))
+    assert _node(client, "lost answer")[1]
+    assert fake.stats()["batches"] == 1
