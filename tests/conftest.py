@@ -42,6 +42,25 @@ def pytest_unconfigure(config) -> None:
 
 
 @pytest.fixture(scope="session")
+def llm_servers():
+    """``llm_servers(**options)`` -> a loopback ``LLMServer`` with those options, started
+    once per test process and shared by every test asking for the same options (a fixture
+    of a module parametrized by engine would otherwise start one per engine). Its rate
+    window and failure sequence carry on from test to test; ``reset()`` clears its stats."""
+    started: dict[tuple, LLMServer] = {}
+
+    def shared(**options) -> LLMServer:
+        key = tuple(sorted(options.items()))
+        if key not in started:
+            started[key] = LLMServer(**options).start()
+        return started[key]
+
+    yield shared
+    for server in started.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def llm_server():
     """A loopback OpenAI-compatible server (``hypernodes_bench.llm_server``), 10-30 ms
     answers, no limits; shared by the whole session (``reset()`` clears its stats)."""

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import Graph
 from hypernodes_dist.errors import BudgetExceededError
 
@@ -88,9 +88,8 @@ def test_each_row_runs_once_and_fast_maps_write_one_file_per_part(engine, tmp_pa
 
 
 @pytest.fixture(scope="module")
-def server():
-    with LLMServer(latency=(0.005, 0.015)) as s:
-        yield s
+def server(llm_servers):
+    return llm_servers(latency=(0.005, 0.015))
 
 
 def _paid_map(engine, server, out: Path, n: int, **kw):

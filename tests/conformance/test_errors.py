@@ -8,16 +8,14 @@ import httpx
 import openai
 import pytest
 
-from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist import Graph
 
 from . import error_graphs as G
 
 
 @pytest.fixture(scope="module")
-def server():
-    with LLMServer(latency=(0.001, 0.002)) as s:
-        yield s
+def server(llm_servers):
+    return llm_servers(latency=(0.001, 0.002))
 
 
 def _check_bad_request(error: BaseException) -> None:

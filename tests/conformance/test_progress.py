@@ -9,7 +9,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.errors import MapStoppedWarning
 from hypernodes_dist.events import ProgressEvent
@@ -21,10 +21,9 @@ TEXTS = [f"row {i}" for i in range(60)]
 
 
 @pytest.fixture(scope="module")
-def slow_server():
+def slow_server(llm_servers):
     """Answers after 40-60 ms."""
-    with LLMServer(latency=(0.04, 0.06)) as server:
-        yield server
+    return llm_servers(latency=(0.04, 0.06))
 
 
 class Heard:

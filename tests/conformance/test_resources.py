@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.errors import ResourceError
 
@@ -22,10 +22,9 @@ from . import resource_graphs as R
 TEXTS = [f"review {i}: " + "good " * (i % 5) for i in range(120)]
 
 
-@pytest.fixture(scope="session")  # one per test process, not one per engine
-def flaky_server():
-    with LLMServer(latency=(0.002, 0.010), fail_rate=0.05) as server:
-        yield server
+@pytest.fixture(scope="module")
+def flaky_server(llm_servers):
+    return llm_servers(latency=(0.002, 0.010), fail_rate=0.05)
 
 
 def _labels_ok(res, texts=TEXTS) -> bool:
@@ -106,10 +105,9 @@ def test_a_module_level_client_works_across_maps(engine, flaky_server):
 
 
 @pytest.fixture(scope="module")
-def two_servers():
+def two_servers(llm_servers):
     """Two endpoints of one (never failing) service: requests counted per endpoint."""
-    with LLMServer(latency=(0.001, 0.003)) as a, LLMServer(latency=(0.001, 0.003)) as b:
-        yield a, b
+    return llm_servers(latency=(0.001, 0.003)), llm_servers(latency=(0.001, 0.003), seed=1)
 
 
 def test_cache_hits_survive_a_changed_endpoint_and_key(engine, two_servers, tmp_path, logs):

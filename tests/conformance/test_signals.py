@@ -11,7 +11,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import Graph
 
 from . import signal_graphs as S
@@ -20,9 +20,8 @@ from .test_usage import Ends
 
 
 @pytest.fixture(scope="module")
-def server():
-    with LLMServer(latency=(0.002, 0.006)) as s:
-        yield s
+def server(llm_servers):
+    return llm_servers(latency=(0.002, 0.006))
 
 
 def _map(engine, server, nodes, texts, seen=None, **kw):

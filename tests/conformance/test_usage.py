@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import DiskCache, Graph
 from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.events import NodeEndEvent, PolicyEvent
@@ -130,11 +130,10 @@ def test_budget_of_a_dataset_map_stops_writing_then_a_rerun_finishes(engine, log
     assert U.executions(logs, "paid") == xs
 
 
-@pytest.fixture(scope="session")  # one per test process, not one per engine
-def tight_server():
+@pytest.fixture(scope="module")
+def tight_server(llm_servers):
     """300 tokens per sliding second; 429 with retry-after past it."""
-    with LLMServer(latency=(0.002, 0.008), tpm=300, window_seconds=1.0) as server:
-        yield server
+    return llm_servers(latency=(0.002, 0.008), tpm=300, window_seconds=1.0)
 
 
 def test_a_token_limit_keeps_calls_under_the_providers_limit(engine, tight_server):
@@ -147,11 +146,10 @@ def test_a_token_limit_keeps_calls_under_the_providers_limit(engine, tight_serve
     assert res.usage["tokens_limited"]["tokens"] >= 24 * 10
 
 
-@pytest.fixture(scope="session")  # one per test process, not one per engine
-def rpm_server():
+@pytest.fixture(scope="module")
+def rpm_server(llm_servers):
     """8 requests per sliding second: most of a burst gets 429 with retry-after."""
-    with LLMServer(latency=(0.002, 0.008), rpm=8, window_seconds=1.0) as server:
-        yield server
+    return llm_servers(latency=(0.002, 0.008), rpm=8, window_seconds=1.0)
 
 
 @pytest.mark.parametrize("client", ["openai", "httpx"])
