@@ -7,18 +7,22 @@ returns rows ``a .. b`` of the part as an Arrow table of the output schema and t
 ``PartReport``:
 
 - **steps**: a part is computed in steps (one executor call, or one Daft query, each);
-  ``Steps`` sizes them from the times measured so far (a fixed cost per step plus a cost
-  per row), to take about a quarter of ``commit_seconds`` (starting small, growing at most
-  ``GROWTH`` times per step, never past the part's end), so a fast trivial map computes a
-  part in a few large steps and a slow one hands its rows over every few seconds;
+  ``Steps`` sizes them from the last steps' rates to take about a quarter of
+  ``commit_seconds`` (starting small, growing at most ``GROWTH`` times per step), so a
+  fast trivial map computes a part in a few large steps and a slow one hands its rows
+  over every few seconds. Every row of a step runs to its end, whatever happens: rows
+  that did not finish (refused by a budget; failed under ``on_error="raise"``) are left
+  out and the others written around them, and the map stops (``stop.MapStop``: no new
+  step starts on any worker; the driver raises once all is written);
 - **commits**: finished steps wait in memory in a ``PartPipeline``; its writer thread
-  writes them as one file once the oldest has waited half of ``commit_seconds``, or when
-  the part's last step is done (a part computed within that time is one file,
-  ``part-000042.parquet``; otherwise consecutive range files). So a row that finished
-  more than ``commit_seconds`` ago is in a complete file, and a file holds at most one
-  part (parts are bounded in rows). The file is written while the next step computes
-  (pyarrow's writer releases the GIL); a new part waits until the previous part's last
-  file is written, so at most two parts are held at once;
+  writes them once the oldest step *started* half of ``commit_seconds`` ago (its rows
+  may have finished since then), or when the part's last step is done (a part computed
+  within that time is one file, ``part-000042.parquet``; otherwise range files, one per
+  run of consecutive rows). So a row that finished more than ``commit_seconds`` ago is
+  in a complete file (a step longer than half of it is written as soon as it ends), and
+  a file holds at most one part (parts are bounded in rows). The file is written while
+  the next step computes (pyarrow's writer releases the GIL); a new part waits until the
+  previous part's last file is written, so at most two parts are held at once;
 - **reports**: each written file's ``PartReport`` (counts and events of its rows) goes to
   ``report`` as the next step starts (exact counts; the bar moves per row in between,
   through the progress channel: ``execution/progress.py``).
@@ -39,7 +43,7 @@ from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.datasets.stop import MapStop
 from hypernodes_dist.sinks.base import PartWriter
 
-__all__ = ["run_parts", "PartPipeline", "Steps", "Compute", "COMMIT_SECONDS"]
+__all__ = ["run_parts", "PartPipeline", "Steps", "Compute", "COMMIT_SECONDS", "kept_runs"]
 
 COMMIT_SECONDS = 30.0
 HOLD = 0.5  # finished rows wait at most this share of commit_seconds before their write
@@ -60,36 +64,29 @@ def check_commit_seconds(value: object) -> float:
 
 
 class Steps:
-    """Sizes the steps of one worker's parts from the last two steps' times: a step of
-    ``n`` rows takes ``overhead + n * per_row`` (fitted from two step sizes; from one,
-    no overhead); the next aims at ``STEP * commit_seconds``, at most ``GROWTH`` times the
-    last (a step whose overhead alone exceeds the aim grows, to amortize it)."""
+    """Sizes the steps of one worker's parts from the last two steps' times: the next
+    aims at ``STEP * commit_seconds`` at the slower of their rates (a step's time taken as
+    proportional to its rows: a fixed cost per step only makes small steps look slow, so
+    steps grow until it is amortized), at most ``GROWTH`` times the last. A step longer
+    than its aim delays its rows' commit (``PartPipeline`` counts from its start), so
+    the estimate errs on the slow side."""
 
     def __init__(self, commit_seconds: float, first: int = FIRST_STEP) -> None:
         self.target = commit_seconds * STEP
         self.first = max(1, first)
-        self.points: list[tuple[int, float]] = []  # (rows, seconds), distinct rows
+        self.points: list[tuple[int, float]] = []  # (rows, seconds) of the last two steps
 
     def size(self, rest: int) -> int:
         if not self.points:
             return min(rest, self.first)
-        n2, t2 = self.points[-1]
-        if len(self.points) == 2:
-            n1, t1 = self.points[0]
-            per_row = max((t2 - t1) / (n2 - n1), 1e-9)
-            overhead = max(0.0, t2 - per_row * n2)
-        else:
-            per_row, overhead = max(t2 / n2, 1e-9), 0.0
-        cap = n2 * GROWTH
-        want = (self.target - overhead) / per_row if self.target > overhead else cap
-        return int(min(rest, max(1, min(want, cap))))
+        per_row = max(max(t / n for n, t in self.points), 1e-9)
+        cap = self.points[-1][0] * GROWTH
+        return int(min(rest, max(1, min(self.target / per_row, cap))))
 
     def record(self, n: int, seconds: float) -> None:
-        if not n:
-            return
-        if self.points and self.points[-1][0] == n:
-            self.points[-1] = (n, seconds)
-        else:
+        """A step of ``n`` rows took ``seconds`` (a part's short last step, much smaller
+        than the one before, says little of the rate: not kept)."""
+        if n and (not self.points or n * GROWTH >= self.points[-1][0]):
             self.points = [*self.points[-1:], (n, seconds)]
 
 
@@ -241,6 +238,19 @@ def _write(out: PartWriter, part: Part, steps: list[tuple[int, pa.Table, PartRep
     return total
 
 
+def kept_runs(n: int, done: PartReport, offset: int) -> list[tuple[int, int]]:
+    """The runs ``(x, y)`` of rows ``0 .. n`` (source positions from ``offset``) that
+    are not in ``done.skipped``; ``done`` then counts only them."""
+    gaps = sorted(p - offset for p in done.skipped)
+    done.n, done.skipped = n - len(gaps), []
+    x, runs = 0, []
+    for g in [*gaps, n]:
+        if g > x:
+            runs.append((x, g))
+        x = g + 1
+    return runs
+
+
 def _hand_over(pipe: PartPipeline, part: Part, a: int, table: pa.Table, done: PartReport,
                since: float) -> None:
     """Rows ``a ..`` of ``part`` (``table``) to ``pipe``, without the rows ``done``
@@ -249,13 +259,7 @@ def _hand_over(pipe: PartPipeline, part: Part, a: int, table: pa.Table, done: Pa
     if not done.skipped:
         pipe.add(part, a, table, done, since)
         return
-    gaps = sorted(p - part.offset - a for p in done.skipped)
-    done.n, done.skipped = table.num_rows - len(gaps), []
-    x, runs = 0, []
-    for g in [*gaps, table.num_rows]:
-        if g > x:
-            runs.append((x, g))
-        x = g + 1
+    runs = kept_runs(table.num_rows, done, part.offset + a)
     for k, (x, y) in enumerate(runs or [(0, 0)]):
         report = done if k == 0 else PartReport(part.index, part.offset + a + x, 0)
         pipe.add(part, a + x, table.slice(x, y - x), report, since)

@@ -35,9 +35,18 @@ from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, USAGE_COLUMN
 if TYPE_CHECKING:
     from hypernodes_dist.datasets.schema import Head
 
-__all__ = ["DatasetJob", "PartTask", "PartReport", "OutputTypeError", "error_text"]
+__all__ = ["DatasetJob", "PartTask", "PartReport", "OutputTypeError", "error_text", "collecting"]
 
 CALL_ROWS = 10_000  # items per executor call within a step (larger calls run slower)
+
+
+def collecting(settings: BatchSettings) -> BatchSettings:
+    """The settings a step runs with: under ``"raise"`` too, every row of the step runs
+    to its end (the calls paid for are kept), and ``PartTask._arrays`` stops the map at the
+    step's failed rows (they are not written; the first is raised once all is written)."""
+    if settings.on_error != "raise":
+        return settings
+    return replace(settings, on_error="collect")
 
 
 def error_text(exc: BaseException) -> str:
@@ -63,12 +72,7 @@ class PartTask:
 
     @property
     def collecting(self) -> BatchSettings:
-        """The settings a step runs with: under ``"raise"`` too, every row of the step
-        runs to its end (its calls paid for are kept), and ``_arrays`` stops the map at
-        the step's failed rows (they are not written; the first is raised)."""
-        if self.settings.on_error != "raise":
-            return self.settings
-        return replace(self.settings, on_error="collect")
+        return collecting(self.settings)
 
     @property
     def read_columns(self) -> list[str]:

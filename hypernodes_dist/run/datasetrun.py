@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hypernodes_dist.cache.base import Cache, prepare_cache
-from hypernodes_dist.datasets.commit import COMMIT_SECONDS, check_commit_seconds
-from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask
+from hypernodes_dist.datasets.commit import COMMIT_SECONDS, check_commit_seconds, kept_runs
+from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask, collecting
 from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manifest
 from hypernodes_dist.datasets.result import DatasetResult
 from hypernodes_dist.datasets.schema import Head, output_schema
@@ -166,8 +166,10 @@ def run_dataset(
         rows_per_part, schema = found
     else:
         rows_per_part = engine.dataset_part_rows(src.n)
-        schema, head = output_schema(plan, src, mapping, keep_t, outputs, broadcast, settings,
-                                     max_rows=rows_per_part)
+        schema, head = output_schema(plan, src, mapping, keep_t, outputs, broadcast,
+                                     collecting(settings), max_rows=rows_per_part)
+        if head is not None and settings.on_error == "raise" and len(head.batch.errors) == head.n:
+            raise head.batch.errors[min(head.batch.errors)]  # nothing finished: no types
     out.clean_temporary()
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:
@@ -197,9 +199,13 @@ def run_dataset(
 
 
 def _write_head(task: PartTask, head: Head) -> PartReport:
-    """The rows computed to fix the types: the first file of part 0 (rows ``0 .. n``)."""
+    """The rows computed to fix the types: the first file(s) of part 0 (rows ``0 .. n``
+    but the ones that stop the map: failed under ``"raise"``, refused by the budget)."""
     table, report = task.head_table(head)
-    task.out.write_part(0, table, (0, head.n))
+    if report.stop is not None and task.stop is not None:
+        task.stop.set()
+    for x, y in kept_runs(head.n, report, 0):
+        task.out.write_part(0, table.slice(x, y - x), (x, y))
     return report
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import threading
 import time
 
@@ -83,6 +85,17 @@ def timed_square(x, log_dir: str, delay: float = 0.0):  # no annotation: rows fi
     row, and when it finished), so a process killed at any moment leaves whole records."""
     if delay:
         time.sleep(delay)
+    name = f"{x}.{os.getpid()}.{threading.get_ident()}.{time.perf_counter_ns()}"
+    with open(os.path.join(log_dir, name), "w") as f:
+        f.write(repr(time.time()))
+    return x * x
+
+
+@node(output_name="y", concurrency=32)
+async def timed_call(x, log_dir: str, delay: float = 0.0):
+    """``timed_square`` as an async call taking ``delay`` give or take half (32 in flight),
+    like a paid API call."""
+    await asyncio.sleep(delay * random.uniform(0.5, 1.5))
     name = f"{x}.{os.getpid()}.{threading.get_ident()}.{time.perf_counter_ns()}"
     with open(os.path.join(log_dir, name), "w") as f:
         f.write(repr(time.time()))
