@@ -46,8 +46,12 @@ from hypernodes_dist.sinks.base import PartWriter
 __all__ = ["run_parts", "PartPipeline", "Steps", "Compute", "COMMIT_SECONDS", "kept_runs"]
 
 COMMIT_SECONDS = 30.0
-HOLD = 0.5  # finished rows wait at most this share of commit_seconds before their write
-STEP = 0.25  # a step aims at this share of commit_seconds
+HOLD = 0.5  # finished rows wait at most this share of the commit time before their write
+STEP = 0.25  # a step aims at this share of the commit time
+# the commit time: FILE_WORK times what writing a file costs (files take at most ~1% of a
+# worker's time), within MIN_COMMIT .. commit_seconds; MIN_COMMIT until a file is measured
+FILE_WORK = 100.0
+MIN_COMMIT = 2.0
 FIRST_STEP = 16  # rows of a worker's first step (nothing measured yet)
 GROWTH = 8  # a step is at most this many times the previous one
 
@@ -76,12 +80,14 @@ class Steps:
         self.first = max(1, first)
         self.points: list[tuple[int, float]] = []  # (rows, seconds) of the last two steps
 
-    def size(self, rest: int) -> int:
+    def size(self, rest: int, commit: float | None = None) -> int:
+        """Rows of the next step (``commit``: the commit time now, if not the one given)."""
         if not self.points:
             return min(rest, self.first)
+        target = self.target if commit is None else commit * STEP
         per_row = max(max(t / n for n, t in self.points), 1e-9)
         cap = self.points[-1][0] * GROWTH
-        return int(min(rest, max(1, min(self.target / per_row, cap))))
+        return int(min(rest, max(1, min(target / per_row, cap))))
 
     def record(self, n: int, seconds: float) -> None:
         """A step of ``n`` rows took ``seconds`` (a part's short last step, much smaller
@@ -107,7 +113,8 @@ class PartPipeline:
 
     def __init__(self, out: PartWriter, commit_seconds: float) -> None:
         self.out = out
-        self.hold = commit_seconds * HOLD
+        self.bound = commit_seconds
+        self.commit = min(MIN_COMMIT, commit_seconds)  # the commit time now
         self._cond = threading.Condition()
         self._held: dict[int, _Held] = {}
         self._written: list[PartReport] = []
@@ -165,6 +172,17 @@ class PartPipeline:
             out, self._written = self._written, []
             return out
 
+    @property
+    def hold(self) -> float:
+        return self.commit * HOLD
+
+    def _measured(self, seconds: float, files: int) -> None:
+        """A write of ``files`` files took ``seconds``: the commit time that makes files
+        cost about 1/FILE_WORK of the work they hold, within MIN_COMMIT .. the bound."""
+        if files:
+            per_file = FILE_WORK * seconds / files
+            self.commit = min(self.bound, max(min(MIN_COMMIT, self.bound), per_file))
+
     def _raise(self) -> None:
         if self._error is not None:
             raise self._error
@@ -201,21 +219,24 @@ class PartPipeline:
                 work = self._next()
             if work is None:
                 return
+            t0 = time.perf_counter()
             try:
-                report = _write(self.out, *work)
+                report, files = _write(self.out, *work)
             except BaseException as exc:  # noqa: BLE001 -- raised in the computing thread
                 with self._cond:
                     self._error = exc
                     self._cond.notify_all()
                 return
             with self._cond:
+                self._measured(time.perf_counter() - t0, files)
                 self._written.append(report)
                 self._cond.notify_all()
 
 
 def _write(out: PartWriter, part: Part, steps: list[tuple[int, pa.Table, PartReport]],
-           ended: bool) -> PartReport:
-    """Each run of consecutive rows in ``steps`` as one file; their reports summed."""
+           ended: bool) -> tuple[PartReport, int]:
+    """Each run of consecutive rows in ``steps`` as one file; their reports summed, and
+    the number of files."""
     runs: list[tuple[int, list[pa.Table]]] = []
     stop = -1
     for start, table, _ in steps:
@@ -235,7 +256,7 @@ def _write(out: PartWriter, part: Part, steps: list[tuple[int, pa.Table, PartRep
     total = PartReport(part.index, part.offset + first[0], 0, worker=first[2].worker)
     for _, _, r in steps:
         total.add(r)
-    return total
+    return total, len(runs)
 
 
 def kept_runs(n: int, done: PartReport, offset: int) -> list[tuple[int, int]]:
@@ -277,7 +298,7 @@ def run_part(pipe: PartPipeline, part: Part, compute: Compute, steps: Steps,
             while a < hi:
                 if stop is not None and stop.stopped():
                     return
-                b = a + steps.size(hi - a)
+                b = a + steps.size(hi - a, pipe.commit)
                 t0, since = time.perf_counter(), time.monotonic()
                 table, done = compute(a, b)
                 steps.record(b - a, time.perf_counter() - t0)
