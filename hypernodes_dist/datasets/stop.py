@@ -17,7 +17,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,18 +33,21 @@ class MapStop:
 
     key: str  # the map's run-id prefix
     seen: bool = field(default=False, compare=False)  # this process saw it set
-    # the driver's engine sets it where its workers look too (a cluster's shared values)
-    also: Callable[[], Any] | None = field(default=None, compare=False, repr=False)
+    # in the driver: the value as the engine's workers see it (``Engine.driver_shared``,
+    # e.g. a cluster's scheduler), when not the driver's own backend
+    where: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"stop-{self.key}"
 
     def _value(self) -> Any:
-        return limiter("shared", f"stop-{self.key}")
+        return self.where if self.where is not None else limiter("shared", self.name)
 
     def set(self) -> None:
         """Every worker stops at its next step."""
         self.seen = True
         self._value().update(lambda _: True)
-        if self.also is not None:
-            self.also()
 
     def stopped(self) -> bool:
         if not self.seen:
@@ -56,7 +59,7 @@ class MapStop:
         self._value().remove()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"key": self.key, "seen": False, "also": None}
+        return {"key": self.key, "seen": False, "where": None}
 
 
 @contextmanager

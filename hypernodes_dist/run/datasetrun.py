@@ -175,6 +175,7 @@ def run_dataset(
     if found is None:
         out.write_manifest(encode(manifest))
     stop = MapStop(run_prefix)
+    stop.where = engine.driver_shared(stop.name)
     task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out, commit_seconds,
                     stop)
     collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,

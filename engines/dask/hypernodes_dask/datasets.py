@@ -26,7 +26,6 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
-from hypernodes_dist.datasets.stop import MapStop
 from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import NodeError
 
@@ -152,8 +151,6 @@ def run_dataset_distributed(engine: DaskEngine, job: DatasetJob, report: Report)
     parts finish); the rest are cancelled on an error."""
     client = engine.client
     stop = job.task.stop
-    if stop is not None:  # a Ctrl-C in the driver reaches the cluster's workers too
-        stop.also = lambda: client.submit(_set, stop, pure=False).result()
     with on_cluster(client, _shipment(job.task, "Dask workers")) as shared, \
             InFlight(client) as in_flight:
         if job.source.kind == "dask":
@@ -173,9 +170,3 @@ def run_dataset_distributed(engine: DaskEngine, job: DatasetJob, report: Report)
                 continue  # the parts in flight end after their step; no new one starts
             for part in islice(parts, 1):  # keep the window full
                 in_flight.add(client.submit(run_part, shared, part, pure=False))
-
-
-def _set(stop: MapStop) -> None:
-    """On a worker: set ``stop`` in the cluster's shared values (the driver's are its
-    machine's)."""
-    stop.set()
