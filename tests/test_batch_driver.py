@@ -222,3 +222,43 @@ def test_a_rerun_adopts_a_batch_created_but_not_recorded(fake, tmp_path):
     _drive(again, RequestLog(folder))
     assert _node(client, "lost answer")[1]
     assert fake.stats()["batches"] == 1
+
+
+def test_online_after_keeps_finished_lines_and_sends_the_rest_online(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    texts = [f"slow {i}" for i in range(8)]
+    for t in texts:
+        _node(client, t)
+    fake.configure(delay=3.0)
+    driver = BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder),
+                         online_after=0.5)
+    _drive(driver, log, rounds=200)
+    assert driver.counts.lines_online > 0
+    results = [_node(client, t) for t in texts]
+    online = [t for t, (_, batched) in zip(texts, results) if not batched]
+    assert len(online) == driver.counts.lines_online
+    assert fake.stats()["online_requests"] == len(online)
+    # each request answered once; a cancelled line was received by its batch, then online
+    assert sorted(fake.counts().values()) == sorted(
+        [[1, 1]] * (len(texts) - len(online)) + [[2, 1]] * len(online))
+
+
+def test_a_rerun_collects_and_submits_nothing_twice(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    for i in range(5):
+        _node(client, f"later {i}")
+    fake.configure(delay=0.5)
+    transport = OpenAIBatches(_openai(fake, "sync"), "m")
+    requests = log.new()
+    asyncio.run(BatchDriver(transport, str(folder)).submit(requests))  # wait=False returns
+    again = BatchDriver(transport, str(folder))                        # the rerun
+    assert list(again.to_submit(requests)) == []
+    assert asyncio.run(again.recover()) == 0
+    _drive(again, RequestLog(folder))
+    assert all(_node(client, f"later {i}")[1] for i in range(5))
+    assert fake.stats()["batches"] == 1
+    assert all(c == [1, 1] for c in fake.counts().values())

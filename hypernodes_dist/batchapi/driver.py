@@ -12,6 +12,9 @@ or a ``wait=False`` map) carries on where the last one stopped:
   lines of a batch failed as a whole are submitted again by the next ``submit`` while they
   have attempts left (``attempts``: 1 + the node's retries), after which the last outcome is
   stored as their answer (an error status the client raises as its own error).
+- ``online_after``: a batch still running that long after its creation is cancelled; once
+  it has ended its answered lines are kept and the others are stored as ``ONLINE``: the
+  recording client sends them online (with the node's policies around the call).
 - ``recover()``: a create sent but never recorded (a crash) is looked up in the provider's
   batch list by metadata (``hn_file``) or, for providers without metadata, by the
   custom_ids of an ended batch's results; a batch still unconfirmed keeps its lines out of
@@ -24,7 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from hypernodes_dist.batchapi.recording import Answer
+from hypernodes_dist.batchapi.recording import ONLINE, Answer
 from hypernodes_dist.batchapi.store import AnswerStore, FileState, Ledger, Request
 from hypernodes_dist.batchapi.transport import (
     ENDED,
@@ -52,6 +55,7 @@ class DriverCounts:
     queue_refusals: int = 0
     lines_answered: int = 0
     lines_again: int = 0
+    lines_online: int = 0
     lost: list[str] = field(default_factory=list)   # batch ids the provider no longer knows
 
 
@@ -63,8 +67,9 @@ class BatchDriver:
     """Submit / poll / download for one transport, over a batch folder."""
 
     def __init__(self, transport: BatchTransport, folder: str, *, attempts: int = 1,
-                 keep_files: bool = False) -> None:
+                 keep_files: bool = False, online_after: float | None = None) -> None:
         self.transport, self.attempts, self.keep_files = transport, max(1, attempts), keep_files
+        self.online_after = online_after
         self.ledger, self.answers = Ledger(folder), AnswerStore(folder)
         self.files: dict[str, FileState] = self.ledger.files()
         self.counts = DriverCounts()
@@ -157,9 +162,20 @@ class BatchDriver:
             elif info.state == FAILED:
                 self._batch_failed(state, info)
             else:
+                await self._maybe_online(state, info)
                 continue
             ended += 1
         return ended
+
+    async def _maybe_online(self, state: FileState, info: BatchInfo) -> None:
+        """``online_after``: a batch running that long is cancelled; its unanswered lines
+        will go online once it has ended (its answered ones are kept)."""
+        if (self.online_after is None or state.online
+                or time.time() - info.created_at < self.online_after):
+            return
+        state.online = True
+        self.ledger.write("online", fid=state.fid)
+        await self.transport.cancel(str(state.batch_id))
 
     def _batch_failed(self, state: FileState, info: BatchInfo) -> None:
         if info.queue_limited:
@@ -183,9 +199,15 @@ class BatchDriver:
                 self._last[digest] = _error_answer(r)
             else:
                 answered.append((digest, Answer(int(r.status or 200), r.body)))
-        self.answers.put(str(state.batch_id), answered)
         self.counts.lines_answered += len(answered)
-        self.counts.lines_again += len(state.digests) - len(answered)
+        if state.online:
+            done = {d for d, _ in answered}
+            online = [(d, ONLINE) for d in state.digests if d not in done]
+            self.counts.lines_online += len(online)
+            answered += online
+        else:
+            self.counts.lines_again += len(state.digests) - len(answered)
+        self.answers.put(str(state.batch_id), answered)
         state.state = "done"
         self.ledger.write("done", fid=state.fid, answered=len(answered), seen=len(seen))
         if not self.keep_files:

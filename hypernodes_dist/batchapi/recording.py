@@ -8,6 +8,8 @@ canonical body, exactly the bytes the client sends: openai adds
 becomes the HTTP response, so the client builds its own response type (``ChatCompletion``,
 ``Message``...) or raises its own error (``openai.BadRequestError``) itself. Not answered:
 the request is handed to ``record`` and ``BatchWait`` is raised, so the item waits.
+Marked ``ONLINE`` (a batch cancelled by ``online_after``): it goes out through the original
+client's HTTP client, as online.
 
 Both signals derive from ``BaseException``: the clients retry (and wrap) ``Exception``
 raised by a transport, and a node's ``except Exception`` must not swallow a wait. The call
@@ -27,7 +29,7 @@ from typing import Any, NamedTuple, Protocol
 
 from hypernodes_dist.batchapi.identity import request_digest
 
-__all__ = ["Answer", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
+__all__ = ["Answer", "ONLINE", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
            "recording_client", "batch_endpoint", "in_batch_api",
            "answered_scope"]
 
@@ -44,6 +46,9 @@ class Answer(NamedTuple):
 
     status: int
     body: Any
+
+
+ONLINE = Answer(0, None)  # the stored "answer" of a request sent online (``online_after``)
 
 
 class AnswerLookup(Protocol):
@@ -119,24 +124,35 @@ class RecordingTransport:
     """An HTTP transport (sync and async) that answers from ``answers`` and records the
     rest; ``http`` is the HTTP package the client is built on (``httpx`` or ``httpx2``)."""
 
-    def __init__(self, answers: AnswerLookup, record: Record, http: ModuleType) -> None:
+    def __init__(self, answers: AnswerLookup, record: Record, http: ModuleType,
+                 online: Any = None) -> None:
         self.answers, self.record, self.http = answers, record, http
+        self.online = online  # the original client's HTTP client: ONLINE requests go there
 
     def handle_request(self, request: Any) -> Any:
         request.read()
-        return self._replay(request)
+        answer = self._answer(request)
+        if answer is ONLINE:
+            return self.online.send(request)
+        return self._response(request, answer)
 
     async def handle_async_request(self, request: Any) -> Any:
         await request.aread()
-        return self._replay(request)
+        answer = self._answer(request)
+        if answer is ONLINE:
+            return await self.online.send(request)
+        return self._response(request, answer)
 
-    def _replay(self, request: Any) -> Any:
+    def _answer(self, request: Any) -> Answer:
         endpoint, body = batch_endpoint(request)
         digest = request_digest(endpoint, body)
         answer = self.answers.get(digest)
         if answer is None:
             self.record(endpoint, body)
             raise BatchWait(endpoint, digest)
+        return ONLINE if answer.status == 0 else answer
+
+    def _response(self, request: Any, answer: Answer) -> Any:
         _ANSWERED.set(True)
         return self.http.Response(answer.status, json=answer.body, request=request)
 
@@ -160,7 +176,7 @@ def recording_client(client: Any, answers: AnswerLookup, record: Record) -> Any:
     """A copy of an ``openai``/``anthropic`` client (sync or async) whose calls are recorded
     and replayed (no retries: a batch line is answered once)."""
     http = _http_package(client)
-    transport = RecordingTransport(answers, record, http)
+    transport = RecordingTransport(answers, record, http, getattr(client, "_client", None))
     is_async = inspect.iscoroutinefunction(getattr(type(client), "post", None))
     http_client = (http.AsyncClient(transport=transport) if is_async
                    else http.Client(transport=transport))

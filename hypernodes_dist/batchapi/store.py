@@ -4,8 +4,8 @@ what the driver did at the provider, and what the provider answered.
 - ``RequestLog``: requests the workers recorded (``requests/<process>.jsonl``, appended by
   each process, read incrementally by the driver); identical requests are one.
 - ``Ledger``: ``ledger.jsonl``, one fsync'd JSON event per line, written before and after
-  every provider call (``file``, ``uploaded``, ``creating``, ``created``, ``failed``,
-  ``done``; each names its file by ``fid``); ``Ledger.files()`` replays it into the state of each file.
+  every provider call (``file``, ``uploaded``, ``creating``, ``created``, ``online``,
+  ``failed``, ``done``; each names its file by ``fid``); ``Ledger.files()`` replays it into the state of each file.
 - ``AnswerStore``: ``answers/<batch>.jsonl`` written whole (temp file + rename) once a batch
   is downloaded: ``{"d": digest, "s": status, "b": body}``; read by every process, new
   files picked up when the folder changes.
@@ -94,6 +94,7 @@ class FileState:
     batch_id: str | None = None
     state: str = "new"                 # new | submitted | done | failed
     counted: bool = True               # a failure counts against the lines' retries
+    online: bool = False               # cancelled for online_after: unanswered lines go online
 
 
 class Ledger:
@@ -137,6 +138,8 @@ class Ledger:
                 state.creating_at = ev["t"]
             elif kind == "created":
                 state.batch_id, state.state = ev["batch"], "submitted"
+            elif kind == "online":
+                state.online = True
             elif kind in ("done", "failed"):
                 state.state, state.counted = kind, bool(ev.get("counted", True))
         return files
