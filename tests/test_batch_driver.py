@@ -5,6 +5,10 @@ submit/poll/download cycle, against the loopback fake provider."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -262,3 +266,41 @@ def test_a_rerun_collects_and_submits_nothing_twice(fake, tmp_path):
     assert all(_node(client, f"later {i}")[1] for i in range(5))
     assert fake.stats()["batches"] == 1
     assert all(c == [1, 1] for c in fake.counts().values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("kill_at", ["upload", "create", "poll", "download"])
+def test_sigkill_then_rerun_sends_each_request_once(fake, tmp_path, provider, kill_at):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    if provider == "openai":
+        base: Any = _openai(fake, "sync")
+        url = fake.base_url
+
+        def call(c: Any, t: str) -> Any:
+            return c.chat.completions.create(model="gpt-4o-mini",
+                                             messages=[{"role": "user", "content": t}])
+    else:
+        base = anthropic.Anthropic(base_url=fake.anthropic_base_url, api_key="x", max_retries=0)
+        url = fake.anthropic_base_url
+
+        def call(c: Any, t: str) -> Any:
+            return c.messages.create(model="claude-haiku", max_tokens=16,
+                                     messages=[{"role": "user", "content": t}])
+    client = recording_client(base, answers, log.record)
+    texts = [f"kill {kill_at} {i}" for i in range(6)]
+    for t in texts:
+        with pytest.raises(BatchWait):
+            call(client, t)
+    child = [sys.executable, str(Path(__file__).with_name("batch_kill_child.py")), provider,
+             url, str(folder)]
+    killed = subprocess.run([*child, kill_at], timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    subprocess.run([*child, ""], timeout=120, check=True)
+    for t in texts:
+        assert call(client, t) == call(base, t)
+    counts = fake.counts()
+    assert len(counts) == len(texts)
+    assert all(c == [2, 2] for c in counts.values())  # once by a batch, once online above
+    assert fake.stats()["batches"] == 1
