@@ -19,6 +19,13 @@
   ``max_tokens``). Past either limit: HTTP 429 with an OpenAI-style error and a
   ``retry-after`` header (seconds until enough of the window frees). Every response
   carries OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers.
+- ``bucket=True``: limits as OpenAI enforces them instead: per API key (the
+  ``Authorization`` header), a token bucket of ``rpm`` requests (and ``tpm`` tokens)
+  refilled continuously (``rpm/60`` a second), starting with ``remaining`` of them (a
+  nearly spent key); ``x-ratelimit-reset-*`` is the time until the bucket is full.
+  ``headers=False``: no ``x-ratelimit-*`` headers (429s still carry ``retry-after``).
+  ``GET /keys``: per key, requests, ok, refused, peak in flight and the most requests
+  admitted in any ``--peak-seconds`` (1 s) sliding window.
 - ``fail_rate``: that fraction of requests answers HTTP 500 (seeded, deterministic).
 - Markers in a chat request's last user message fail it on purpose, as a provider does:
   ``[[status:429 code=insufficient_quota retry-after=30]]`` answers every time with that
@@ -133,12 +140,83 @@ class Window:
         return out
 
 
+class Bucket:
+    """One API key's token buckets (``rpm`` requests, ``tpm`` tokens), refilled
+    continuously, as OpenAI limits a key."""
+
+    def __init__(self, rpm: int | None, tpm: int | None, remaining: float | None) -> None:
+        self.rpm, self.tpm = rpm, tpm
+        self.at = time.monotonic()
+        share = 1.0 if remaining is None or not rpm else min(1.0, remaining / rpm)
+        self.requests = float(rpm or 0) * share  # ``remaining`` requests left at first
+        self.tokens = float(tpm or 0) * share
+
+    def _refill(self, now: float) -> None:
+        dt, self.at = now - self.at, now
+        if self.rpm:
+            self.requests = min(float(self.rpm), self.requests + dt * self.rpm / 60.0)
+        if self.tpm:
+            self.tokens = min(float(self.tpm), self.tokens + dt * self.tpm / 60.0)
+
+    def admit(self, tokens: int) -> float:
+        """0 when admitted (taken from the buckets), else the seconds until it would be."""
+        self._refill(time.monotonic())
+        wait = 0.0
+        if self.rpm and self.requests < 1:
+            wait = (1 - self.requests) * 60.0 / self.rpm
+        if self.tpm and self.tokens < tokens:
+            wait = max(wait, (tokens - self.tokens) * 60.0 / self.tpm)
+        if wait > 0:
+            return wait
+        if self.rpm:
+            self.requests -= 1
+        if self.tpm:
+            self.tokens -= tokens
+        return 0.0
+
+    def headers(self) -> dict[str, str]:
+        self._refill(time.monotonic())
+        out = {}
+        if self.rpm:
+            full = (self.rpm - self.requests) * 60.0 / self.rpm
+            out.update({"x-ratelimit-limit-requests": str(self.rpm),
+                        "x-ratelimit-remaining-requests": str(int(self.requests)),
+                        "x-ratelimit-reset-requests": f"{full:.3f}s"})
+        if self.tpm:
+            full = (self.tpm - self.tokens) * 60.0 / self.tpm
+            out.update({"x-ratelimit-limit-tokens": str(self.tpm),
+                        "x-ratelimit-remaining-tokens": str(int(self.tokens)),
+                        "x-ratelimit-reset-tokens": f"{full:.3f}s"})
+        return out
+
+
+class KeyStats:
+    """What one API key sent: counts, peak in flight, most admitted in a sliding window."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.counts = dict.fromkeys(("requests", "ok", "rate_limited", "max_in_flight",
+                                     "peak_window"), 0)
+        self.in_flight = 0
+        self.admitted: deque[float] = deque()
+
+    def admit(self) -> None:
+        now = time.monotonic()
+        self.admitted.append(now)
+        while self.admitted[0] <= now - self.seconds:
+            self.admitted.popleft()
+        self.counts["peak_window"] = max(self.counts["peak_window"], len(self.admitted))
+
+
 class App:
     """The server's state and handlers."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.latency = (args.latency_min, args.latency_max)
         self.window = Window(args.rpm, args.tpm, args.window_seconds)
+        self.args = args
+        self.buckets: dict[str, Bucket] = {}  # per API key (``--bucket``)
+        self.keys: dict[str, KeyStats] = {}
         self.max_batch = args.max_batch
         self.fail_rate = args.fail_rate
         self.random = random.Random(args.seed)
@@ -152,18 +230,42 @@ class App:
         self.stats = dict.fromkeys(("requests", "ok", "rate_limited", "failed", "chat",
                                     "embeddings", "embedding_inputs", "tokens", "max_in_flight"), 0)
         self.seen, self.answered = {}, {}
+        self.keys = {}
 
     async def handle(self, request: Any, kind: str) -> Any:
         body = await request.json()
+        key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        per_key = self.keys.get(key)
+        if per_key is None:
+            per_key = self.keys[key] = KeyStats(self.args.peak_seconds)
         self.stats["requests"] += 1
+        per_key.counts["requests"] += 1
         self.in_flight += 1
+        per_key.in_flight += 1
         self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self.in_flight)
+        per_key.counts["max_in_flight"] = max(per_key.counts["max_in_flight"], per_key.in_flight)
         try:
-            return await self._answer(body, kind)
+            response = await self._answer(body, kind, key)
         finally:
             self.in_flight -= 1
+            per_key.in_flight -= 1
+        status = response.status
+        outcome = "ok" if status == 200 else "rate_limited" if status == 429 else "failed"
+        per_key.counts[outcome] = per_key.counts.get(outcome, 0) + 1
+        return response
 
-    async def _answer(self, body: dict[str, Any], kind: str) -> Any:
+    def _limits(self, key: str) -> Window | Bucket:
+        """The limits the request's key is under: one sliding window for every key, or
+        (``--bucket``) the key's own buckets."""
+        if not self.args.bucket:
+            return self.window
+        found = self.buckets.get(key)
+        if found is None:
+            a = self.args
+            found = self.buckets[key] = Bucket(a.rpm, a.tpm, a.remaining)
+        return found
+
+    async def _answer(self, body: dict[str, Any], kind: str, key: str) -> Any:
         inputs = body.get("input", "")
         if kind == "embeddings" and isinstance(inputs, list) and len(inputs) > self.max_batch:
             return _error(400, f"at most {self.max_batch} inputs per request, got {len(inputs)}",
@@ -177,12 +279,14 @@ class App:
                 self.stats["rate_limited" if status == 429 else "failed"] += 1
                 return _error(status, f"marked to fail with {status} ({code})", code, headers)
         tokens = self._tokens(body, kind)
-        wait = self.window.admit(tokens)
-        headers = self.window.headers()
+        limits = self._limits(key)
+        wait = limits.admit(tokens)
+        headers = limits.headers() if self.args.headers else {}
         if wait > 0:
             self.stats["rate_limited"] += 1
             headers["retry-after"] = f"{math.ceil(wait * 1000) / 1000:g}"
             return _error(429, "Rate limit reached; retry later", "rate_limit_exceeded", headers)
+        self.keys[key].admit()
         await asyncio.sleep(self.random.uniform(*self.latency))
         if self.fail_rate and self.random.random() < self.fail_rate:
             self.stats["failed"] += 1
@@ -251,6 +355,9 @@ def _serve(args: argparse.Namespace) -> None:
     async def answered(request: Any) -> Any:
         return web.json_response(app.answered)
 
+    async def keys(request: Any) -> Any:
+        return web.json_response({k: v.counts for k, v in app.keys.items()})
+
     async def reset(request: Any) -> Any:
         app.reset_stats()
         return web.json_response({"ok": True})
@@ -259,6 +366,7 @@ def _serve(args: argparse.Namespace) -> None:
     web_app.router.add_post("/v1/embeddings", lambda r: app.handle(r, "embeddings"))
     web_app.router.add_get("/stats", stats)
     web_app.router.add_get("/answered", answered)
+    web_app.router.add_get("/keys", keys)
     web_app.router.add_post("/reset", reset)
 
     async def main() -> None:
@@ -281,10 +389,16 @@ class LLMServer:
 
     def __init__(self, latency: tuple[float, float] = (0.010, 0.030), rpm: int | None = None,
                  tpm: int | None = None, window_seconds: float = 60.0, max_batch: int = 64,
-                 fail_rate: float = 0.0, seed: int = 0) -> None:
+                 fail_rate: float = 0.0, seed: int = 0, bucket: bool = False,
+                 remaining: float | None = None, headers: bool = True,
+                 peak_seconds: float = 1.0) -> None:
         self.options = ["--latency-min", str(latency[0]), "--latency-max", str(latency[1]),
                         "--window-seconds", str(window_seconds), "--max-batch", str(max_batch),
-                        "--fail-rate", str(fail_rate), "--seed", str(seed)]
+                        "--fail-rate", str(fail_rate), "--seed", str(seed),
+                        "--peak-seconds", str(peak_seconds)]
+        self.options += ["--bucket"] if bucket else []
+        self.options += ["--no-headers"] if not headers else []
+        self.options += ["--remaining", str(remaining)] if remaining is not None else []
         if rpm is not None:
             self.options += ["--rpm", str(rpm)]
         if tpm is not None:
@@ -327,6 +441,11 @@ class LLMServer:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/answered", timeout=10) as r:
             return json.loads(r.read())
 
+    def keys(self) -> dict[str, dict[str, int]]:
+        """Per API key: requests, ok, rate_limited, failed, max_in_flight, peak_window."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/keys", timeout=10) as r:
+            return json.loads(r.read())
+
     def reset(self) -> None:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/reset", method="POST")
         urllib.request.urlopen(req, timeout=10).close()
@@ -349,6 +468,10 @@ def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--fail-rate", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bucket", action="store_true")
+    p.add_argument("--remaining", type=float, default=None)
+    p.add_argument("--no-headers", dest="headers", action="store_false")
+    p.add_argument("--peak-seconds", type=float, default=1.0)
     return p.parse_args(argv)
 
 
