@@ -25,7 +25,8 @@
   nearly spent key); ``x-ratelimit-reset-*`` is the time until the bucket is full.
   ``headers=False``: no ``x-ratelimit-*`` headers (429s still carry ``retry-after``).
   ``GET /keys``: per key, requests, ok, refused, peak in flight and the most requests
-  admitted in any ``--peak-seconds`` (1 s) sliding window.
+  admitted in any ``--peak-seconds`` (1 s) sliding window; ``GET /log``: per key, each
+  request's arrival (wall clock) and status.
 - ``fail_rate``: that fraction of requests answers HTTP 500 (seeded, deterministic).
 - Markers in a chat request's last user message fail it on purpose, as a provider does:
   ``[[status:429 code=insufficient_quota retry-after=30]]`` answers every time with that
@@ -199,6 +200,7 @@ class KeyStats:
                                      "peak_window"), 0)
         self.in_flight = 0
         self.admitted: deque[float] = deque()
+        self.log: list[tuple[float, int]] = []  # (arrival, wall clock; status), the first 10,000
 
     def admit(self) -> None:
         now = time.monotonic()
@@ -233,6 +235,7 @@ class App:
         self.keys = {}
 
     async def handle(self, request: Any, kind: str) -> Any:
+        arrived = time.time()
         body = await request.json()
         key = request.headers.get("Authorization", "").removeprefix("Bearer ")
         per_key = self.keys.get(key)
@@ -250,6 +253,8 @@ class App:
             self.in_flight -= 1
             per_key.in_flight -= 1
         status = response.status
+        if len(per_key.log) < 10_000:
+            per_key.log.append((arrived, status))
         outcome = "ok" if status == 200 else "rate_limited" if status == 429 else "failed"
         per_key.counts[outcome] = per_key.counts.get(outcome, 0) + 1
         return response
@@ -358,6 +363,9 @@ def _serve(args: argparse.Namespace) -> None:
     async def keys(request: Any) -> Any:
         return web.json_response({k: v.counts for k, v in app.keys.items()})
 
+    async def log(request: Any) -> Any:
+        return web.json_response({k: v.log for k, v in app.keys.items()})
+
     async def reset(request: Any) -> Any:
         app.reset_stats()
         return web.json_response({"ok": True})
@@ -367,6 +375,7 @@ def _serve(args: argparse.Namespace) -> None:
     web_app.router.add_get("/stats", stats)
     web_app.router.add_get("/answered", answered)
     web_app.router.add_get("/keys", keys)
+    web_app.router.add_get("/log", log)
     web_app.router.add_post("/reset", reset)
 
     async def main() -> None:
@@ -445,6 +454,11 @@ class LLMServer:
         """Per API key: requests, ok, rate_limited, failed, max_in_flight, peak_window."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/keys", timeout=10) as r:
             return json.loads(r.read())
+
+    def log(self, key: str) -> list[tuple[float, int]]:
+        """The requests of API ``key``: (arrival time, wall clock; status), in order."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/log", timeout=10) as r:
+            return [tuple(x) for x in json.loads(r.read()).get(key, [])]
 
     def reset(self) -> None:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/reset", method="POST")

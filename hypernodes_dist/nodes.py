@@ -119,7 +119,7 @@ class HyperNode:
         ``rate_limit`` on a metered quantity, or it was seen metering in this process)."""
         found = self.__dict__.get("_meters")
         if found is None:
-            quantities = self.policy is not None and bool(self.policy.quantities)
+            quantities = self.policy is not None and self.policy.meters
             found = self._meters = quantities or (
                 self.code is not None and may_meter(self.code))
         return found or seen_metering(self.name)

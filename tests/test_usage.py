@@ -143,7 +143,8 @@ def test_budget_exceeded_error_pickles_with_its_fields():
 
 @pytest.fixture(scope="module")
 def one_per_second():
-    with LLMServer(latency=(0.001, 0.002), rpm=1, window_seconds=1.0) as server:
+    # no x-ratelimit-* headers: calls are not paced by limits learned from them, 429s come
+    with LLMServer(latency=(0.001, 0.002), rpm=1, window_seconds=1.0, headers=False) as server:
         yield server
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "backoff_delay",
     "check_concurrency",
     "check_max_retry_after",
+    "resource_limits",
 ]
 
 
@@ -95,6 +96,9 @@ class Policy:
     retry_on: tuple[type[BaseException], ...] = (Exception,)  # the errors worth retrying
     quantities: tuple[QuantityRate, ...] = ()  # rate limits on metered quantities
     max_retry_after: float = MAX_RETRY_AFTER  # a longer Retry-After is ignored (not clamped)
+    # the limits of the resources the node receives (``@resource(concurrency=, rate_limit=)``),
+    # each a Policy named by its resource's key: shared by every node receiving it
+    shared: tuple[Policy, ...] = ()
 
     def retryable(self, exc: BaseException) -> bool:
         """Whether a failed attempt with ``exc`` may be retried (attempts left aside)."""
@@ -104,7 +108,17 @@ class Policy:
     def waits(self) -> bool:
         """Whether a call may wait (back-off, a limit, a timeout), not just re-run."""
         return bool(self.backoff or self.timeout or self.concurrency or self.rate
-                    or self.quantities)
+                    or self.quantities or self.shared)
+
+    @property
+    def meters(self) -> bool:
+        """Whether a rate limit (its own or a resource's) is on a metered quantity."""
+        return bool(self.quantities) or any(s.quantities for s in self.shared)
+
+    @property
+    def declares(self) -> bool:
+        """Whether any limit is declared (a resource declaring none learns its provider's)."""
+        return bool(self.concurrency or self.rate or self.quantities)
 
     @property
     def rate_text(self) -> str:
@@ -221,6 +235,16 @@ def make_policy(node: str, retries: Any = 0, backoff: Any = None, timeout: Any =
         return None
     return Policy(node, retries, backoff, float(timeout) if timeout is not None else None,
                   concurrency, rate, retry_classes, quantities, max_retry_after=most)
+
+
+def resource_limits(name: str, concurrency: Any = None, rate_limit: Any = None
+                    ) -> Policy | None:
+    """``@resource(concurrency=, rate_limit=)`` validated as a node's keywords (the same
+    function, so the same rules), errors naming the resource; ``None``: none declared."""
+    try:
+        return make_policy(name, concurrency=concurrency, rate_limit=rate_limit)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace(f"node {name!r}", f"resource {name!r}", 1)) from None
 
 
 def backoff_delay(backoff: Any, attempt: int) -> float:

@@ -12,6 +12,7 @@ adds each resource's (``salt``). Every executor and engine calls the bound node 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,8 @@ from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine, hash_value
 from hypernodes_dist.errors import GraphBuildError
 from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.policies.learned import watch
+from hypernodes_dist.policies.spec import Policy
 from hypernodes_dist.resources import registry
 from hypernodes_dist.resources.declare import Resource
 
@@ -106,8 +109,27 @@ def _bound(node: HyperNode, resources: Mapping[str, Resource], idents: Mapping[s
         p in r.not_in_key for r in needed if p in r.params)}
     # a sync node taking an async resource awaits it: the bound node is async
     bound.is_async = node.is_async or any(r.is_async for r in needed)
+    bound.policy = _with_limits(node, [resources[p] for p in direct], idents)
     bound.func = _caller(node, bound.is_async, direct, needed, tuple(hidden), idents)
     return bound
+
+
+def limits_key(res: Resource, ident: str) -> str:
+    """The key of a resource's limits in the limits backend: its name and identity."""
+    return f"resource:{res.name}:{ident[:16]}"
+
+
+def _with_limits(node: HyperNode, received: list[Resource], idents: Mapping[str, str]
+                 ) -> Policy | None:
+    """The node's policy with the limits of the resources it receives (``Policy.shared``,
+    in key order, so every node takes shared units in one order: no deadlock); a resource
+    declaring none gets an empty one (it learns its provider's, ``policies/learned.py``)."""
+    if not received:
+        return node.policy
+    shared = tuple(sorted((dataclasses.replace(r.limits or Policy(""),
+                                               node=limits_key(r, idents[r.name]))
+                           for r in received), key=lambda p: p.node))
+    return dataclasses.replace(node.policy or Policy(node.name), shared=shared)
 
 
 def _caller(node: HyperNode, is_async: bool, direct: list[str], needed: list[Resource],
@@ -158,6 +180,8 @@ class _Fetch:
 
     def __init__(self, needed: list[Resource], idents: Mapping[str, str]) -> None:
         self.needed = [(r, idents[r.name]) for r in needed]
+        # where a built object's responses teach limits (a resource declaring none)
+        self.learns = {r.name: limits_key(r, idents[r.name]) for r in needed if r.limits is None}
         self.digests: dict[str, tuple[tuple[Any, ...], str]] = {}  # the last inputs' digest
 
     def _inputs(self, res: Resource, values: Mapping[str, Any],
@@ -180,7 +204,9 @@ class _Fetch:
         reg = registry.REGISTRY
         for res, ident in self.needed:
             inputs, digest = self._inputs(res, values, built)
-            built[res.name] = reg.get(res, ident, digest, inputs)
+            built[res.name] = obj = reg.get(res, ident, digest, inputs)
+            if res.name in self.learns:
+                watch(obj, self.learns[res.name])
         return built
 
     async def aget(self, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -188,5 +214,7 @@ class _Fetch:
         reg = registry.REGISTRY
         for res, ident in self.needed:
             inputs, digest = self._inputs(res, values, built)
-            built[res.name] = await reg.aget(res, ident, digest, inputs)
+            built[res.name] = obj = await reg.aget(res, ident, digest, inputs)
+            if res.name in self.learns:
+                watch(obj, self.learns[res.name])
         return built

@@ -7,18 +7,22 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
+from hypernodes_dist.policies.spec import Policy, resource_limits
+
 __all__ = ["Resource", "resource"]
 
 
 class Resource:
-    """A declared resource: its function, name, ``version`` and ``not_in_key`` (inputs it
-    reads that do not change results); never its built object (that lives in each
-    process's registry, ``resources.registry``)."""
+    """A declared resource: its function, name, ``version``, ``not_in_key`` (inputs it
+    reads that do not change results) and ``limits`` (its ``concurrency`` / ``rate_limit``,
+    a ``Policy`` or ``None``); never its built object (that lives in each process's
+    registry, ``resources.registry``)."""
 
     kind = "resource"
 
     def __init__(self, func: Callable[..., Any], name: str | None = None,
-                 version: str | None = None, not_in_key: str | Iterable[str] = ()) -> None:
+                 version: str | None = None, not_in_key: str | Iterable[str] = (),
+                 concurrency: int | None = None, rate_limit: Any = None) -> None:
         if not callable(func):
             raise TypeError(f"@resource needs a function, got {type(func).__name__}")
         self.func = func
@@ -33,6 +37,7 @@ class Resource:
         self.is_async = inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
         self.is_generator = inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func)
         self.not_in_key = _not_in_key(self.name, not_in_key, self.params)
+        self.limits: Policy | None = resource_limits(self.name, concurrency, rate_limit)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
@@ -59,13 +64,15 @@ def _not_in_key(name: str, names: str | Iterable[str], params: tuple[str, ...]
 def resource(func: Callable[..., Any], /) -> Resource: ...
 @overload
 def resource(*, name: str | None = None, version: str | None = None,
-             not_in_key: str | Iterable[str] = ()) -> Callable[[Callable[..., Any]], Resource]: ...
+             not_in_key: str | Iterable[str] = (), concurrency: int | None = None,
+             rate_limit: Any = None) -> Callable[[Callable[..., Any]], Resource]: ...
 
 
 def resource(func: Callable[..., Any] | None = None, /, *, name: str | None = None,
-             version: str | None = None, not_in_key: str | Iterable[str] = ()) -> Any:
+             version: str | None = None, not_in_key: str | Iterable[str] = (),
+             concurrency: int | None = None, rate_limit: Any = None) -> Any:
     """Declare a resource: ``@resource`` or ``@resource(name=..., version=...,
-    not_in_key=...)``.
+    not_in_key=..., concurrency=..., rate_limit=...)``.
 
     Built lazily at most once per worker process (and event loop), reused by every call
     there, torn down when the engine closes or the process ends; never pickled, shipped or
@@ -73,11 +80,15 @@ def resource(func: Callable[..., Any] | None = None, /, *, name: str | None = No
     node that receives it, and so is every input it reads, except those named in
     ``not_in_key`` (a key, an endpoint: they do not change results), which stay out of
     cache keys and of a dataset map's identity (``ValueError`` if one is not a parameter).
+    ``concurrency`` / ``rate_limit`` (as a node's) bound the calls of every node receiving
+    it together, in every process; with neither, the limits its client's provider states
+    in response headers are learned (``policies/learned.py``).
     """
     if func is not None:
         return Resource(func)
 
     def wrap(fn: Callable[..., Any]) -> Resource:
-        return Resource(fn, name=name, version=version, not_in_key=not_in_key)
+        return Resource(fn, name=name, version=version, not_in_key=not_in_key,
+                        concurrency=concurrency, rate_limit=rate_limit)
 
     return wrap

@@ -11,7 +11,7 @@ from hypernodes_dist.policies.limits import using
 from hypernodes_dist.policies.memory import MemoryLimits
 
 # the conformance modules whose tests run on this variant too
-MODULES = ("test_policies", "test_usage", "test_signals")
+MODULES = ("test_policies", "test_usage", "test_signals", "test_api_limits")
 
 
 class MemoryLimitsEngine(GraphEngine):

@@ -17,6 +17,7 @@ from hypernodes_dist.policies.gates.base import Entry, Gate, Host
 from hypernodes_dist.policies.gates.budget import BudgetGate
 from hypernodes_dist.policies.gates.concurrency import ConcurrencyGate
 from hypernodes_dist.policies.gates.holdoff import RETRY_AFTER_SPREAD, HoldOffGate
+from hypernodes_dist.policies.gates.learned import LearnedGate
 from hypernodes_dist.policies.gates.quantity import PACE, QuantityGate
 from hypernodes_dist.policies.gates.rate import RateGate
 from hypernodes_dist.policies.limits import backend
@@ -42,12 +43,17 @@ def gates_for(policy: Policy, budget: Budget | None = None) -> tuple[Gate, ...]:
 
 
 def _build(p: Policy) -> tuple[Gate, ...]:
-    gates: list[Gate] = [HoldOffGate(p.node, p.max_retry_after)]
-    if p.concurrency:
-        gates.append(ConcurrencyGate(p.node, p.concurrency))
-    if p.rate:
-        gates.append(RateGate(p.node, *p.rate, p.rate_text))
-    gates += [QuantityGate(p.node, q) for q in p.quantities]
+    """Hold-offs, concurrency units, rate turns, quantities: the node's, then each of its
+    resources' (``p.shared``, in key order); learned limits; the hold-offs again."""
+    owners = (p, *p.shared)
+    most = p.max_retry_after
+    gates: list[Gate] = [HoldOffGate(o.node, most) for o in owners]
+    gates += [ConcurrencyGate(o.node, o.concurrency) for o in owners if o.concurrency]
+    gates += [RateGate(o.node, *o.rate, o.rate_text) for o in owners if o.rate]
+    gates += [QuantityGate(p.node, q, o.node) for o in owners for q in o.quantities]
+    gates += [LearnedGate(p.node, s.node) for s in p.shared if not s.declares]
+    if len(gates) > 1:  # something may wait: a hold-off that began meanwhile holds it too
+        gates += [HoldOffGate(o.node, most, recheck=True) for o in owners]
     return tuple(gates)
 
 

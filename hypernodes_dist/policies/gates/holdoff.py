@@ -5,7 +5,10 @@ limits backend serves). ``exit`` reads the wait a failed attempt's error carries
 (``signals.retry_after``: garbage, or longer than the node's ``max_retry_after``, is
 ignored; a refusal for exhausted quota holds nothing off: waiting does not help), spread at random so the calls told the same time do not collide again,
 and holds off every new call of the node that long (``entry.told``: the retry waits it too).
-Every guarded node has this gate: any error may carry a Retry-After.
+Every guarded node has this gate (and one per resource it receives: a Retry-After holds
+off every node calling that API): any error may carry a Retry-After. The same hold-offs are
+checked again once the call has its concurrency unit and rate turn (``recheck=True``: it
+waits and learns nothing): a call that queued while a hold-off began waits it out too.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ class HoldOffGate:
     holds: ClassVar[bool] = False
     meters: ClassVar[bool] = False
 
-    def __init__(self, node: str, most: float = MAX_RETRY_AFTER) -> None:
-        self.node, self.most = node, most
+    def __init__(self, node: str, most: float = MAX_RETRY_AFTER, recheck: bool = False
+                 ) -> None:
+        self.node, self.most, self.recheck = node, most, recheck
         self.holdoff = holdoff_for(node)
 
     async def enter(self, entry: Entry) -> float:
@@ -44,7 +48,7 @@ class HoldOffGate:
             await entry.sleep(wait)
 
     def exit(self, entry: Entry, error: BaseException | None) -> None:
-        if not isinstance(error, Exception) or final(error):
+        if self.recheck or not isinstance(error, Exception) or final(error):
             return
         told = retry_after(error, self.most)
         if not told:

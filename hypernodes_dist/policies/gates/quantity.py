@@ -33,10 +33,10 @@ class QuantityGate:
     holds: ClassVar[bool] = False
     meters: ClassVar[bool] = True
 
-    def __init__(self, node: str, q: QuantityRate) -> None:
-        self.node, self.quantity, self.q = node, q.quantity, q
-        steady, burst = paced(q.count * PACE, q.per)
-        self.rate: RateStore = amounts(f"{node}:{q.quantity}", steady, q.per)
+    def __init__(self, node: str, q: QuantityRate, key: str | None = None) -> None:
+        self.node, self.quantity, self.q = node, q.quantity, q  # ``node``: whose calls
+        steady, burst = paced(q.count * PACE, q.per)  # are estimated; ``key``: the limit's
+        self.rate: RateStore = amounts(f"{key or node}:{q.quantity}", steady, q.per)  # owner
         self.tolerance = (burst - 1) * self.rate.interval  # a bounded burst, as calls have
         self.reason = f"rate_limit {q.text}"
 

@@ -1,0 +1,85 @@
+"""Limits that belong to the API (DESIGN.md, "Limits that belong to the API"), on every
+engine: the real ``openai`` client against a loopback server limiting each API key as
+OpenAI does (a token bucket refilled continuously, 429 + ``retry-after``,
+``x-ratelimit-*`` headers); what the server saw per key is what a user would check."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_dist import Graph
+
+from . import api_graphs as A
+
+TEXTS = [f"review {i}" for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def bucket_server():
+    """40 requests a second per key, each key full at first."""
+    with LLMServer(latency=(0.02, 0.04), rpm=2400, bucket=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def spent_server():
+    """40 requests a second per key, each key nearly spent at first (2 left)."""
+    with LLMServer(latency=(0.02, 0.04), rpm=2400, bucket=True, remaining=2) as server:
+        yield server
+
+
+def _key() -> str:
+    return f"key-{uuid.uuid4().hex[:8]}"
+
+
+def _complete(res) -> list:
+    errors = [repr(r.error) for r in res if r.status != "complete"]
+    assert not errors, errors[:3]
+    return list(res)
+
+
+def test_a_resource_limit_holds_across_two_nodes(engine, bucket_server):
+    """concurrency=3 and 30/s on the resource: both nodes together stay within them."""
+    key = _key()
+    graph = Graph([A.shared_api, A.ask_first, A.ask_second], engine=engine)
+    res = graph.map({"text": TEXTS, "base_url": bucket_server.base_url, "api_key": key},
+                    map_over="text")
+    rows = _complete(res)
+    assert [r["first"] for r in rows] == [label_of(t) for t in TEXTS]
+    seen = bucket_server.keys()[key]
+    assert seen["ok"] == 2 * len(TEXTS)
+    assert seen["max_in_flight"] <= 3, seen  # one limit, not 3 per node
+    assert seen["peak_window"] <= 33, seen  # 30 starts a second (+1, +2 of jitter)
+    assert seen["rate_limited"] == 0, seen
+
+
+def test_a_hold_off_holds_calls_queued_at_the_concurrency(engine, bucket_server):
+    """A 429 with Retry-After 1 s: the calls waiting for one of the 2 units when it came
+    start only after it (today they took the units as soon as they were free)."""
+    key = _key()
+    texts = [f"[[status:429:1 retry-after=1]] first {key}"] + TEXTS
+    graph = Graph([A.narrow_api, A.ask_narrow], engine=engine)
+    res = graph.map({"text": texts, "base_url": bucket_server.base_url, "api_key": key},
+                    map_over="text")
+    assert [r["label"] for r in _complete(res)] == [label_of(t) for t in texts]
+    log = bucket_server.log(key)
+    refused = [t for t, status in log if status == 429]
+    assert len(refused) == 1
+    # other processes read the hold-off at most every 0.1 s: 0.2 s of slack
+    during = [t - refused[0] for t, _ in log if refused[0] + 0.2 < t < refused[0] + 1.0]
+    assert not during, during
+
+
+def test_limits_learned_from_headers_keep_refusals_low(engine, spent_server):
+    """No limit declared: the headers of the first response state 2400/minute with 1
+    left; the calls are paced by it instead of flooding a nearly spent key."""
+    key = _key()
+    graph = Graph([A.open_api, A.ask_open], engine=engine)
+    res = graph.map({"text": TEXTS, "base_url": spent_server.base_url, "api_key": key},
+                    map_over="text")
+    assert [r["label"] for r in _complete(res)] == [label_of(t) for t in TEXTS]
+    seen = spent_server.keys()[key]
+    assert seen["rate_limited"] <= 0.05 * len(TEXTS) + 2, seen  # one probe per process

@@ -1,0 +1,90 @@
+"""Limits that belong to the API, in one process: a resource's limits validated as a
+node's; the provider's rate-limit headers read from the real clients' responses; the
+loopback server limiting each API key with a continuously refilled bucket."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from hypernodes_bench.llm_server import LLMServer
+from hypernodes_dist import resource
+from hypernodes_dist.policies.learned import learned_for, read_headers, watch
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"concurrency": 0}, "concurrency must be an int >= 1"),
+    ({"concurrency": 2.5}, "concurrency must be an int >= 1"),
+    ({"rate_limit": "lots"}, "cannot read rate_limit='lots'"),
+    ({"rate_limit": {}}, "limits nothing"),
+    ({"rate_limit": {"calls": "0/minute"}}, "positive count"),
+])
+def test_resource_limits_are_validated_as_a_nodes_naming_the_resource(kwargs, needle):
+    with pytest.raises(ValueError, match="resource 'api'") as info:
+        resource(name="api", **kwargs)(lambda: None)
+    assert needle in str(info.value)
+
+
+def test_resource_limits_declared():
+    api = resource(name="api", concurrency=4,
+                   rate_limit={"calls": "500/minute", "tokens": "9000/minute"})(lambda: None)
+    assert api.limits.concurrency == 4 and api.limits.rate == (500.0, 60.0)
+    assert [q.quantity for q in api.limits.quantities] == ["tokens"]
+    assert resource(name="api")(lambda: None).limits is None  # none declared: learned
+
+
+def test_headers_of_openai_and_anthropic_are_read():
+    openai_headers = {"x-ratelimit-limit-requests": "500", "x-ratelimit-remaining-requests": "499",
+                      "x-ratelimit-reset-requests": "120ms", "x-ratelimit-limit-tokens": "30000",
+                      "x-ratelimit-remaining-tokens": "29000",
+                      "x-ratelimit-reset-tokens": "6m0s"}
+    assert read_headers(openai_headers) == {"requests": [500.0, 499.0, 0.12],
+                                            "tokens": [30000.0, 29000.0, 360.0]}
+    anthropic = read_headers({"anthropic-ratelimit-requests-limit": "50",
+                              "anthropic-ratelimit-requests-remaining": "49",
+                              "anthropic-ratelimit-requests-reset": "2000-01-01T00:00:00Z"})
+    assert anthropic == {"requests": [50.0, 49.0, 0.0]}  # a reset in the past: now
+    assert read_headers({"x-ratelimit-limit-requests": "many"}) == {}
+
+
+def test_a_hooked_client_learns_from_successful_and_refused_responses():
+    with LLMServer(latency=(0.001, 0.002), rpm=600, bucket=True, remaining=1) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        key = f"test:{uuid.uuid4().hex}"
+        watch(client, key)
+        watch(client, key)  # once per client
+        assert len(client._client.event_hooks["response"]) == 1
+
+        async def ask_twice() -> None:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}])
+            state = learned_for(key).state
+            assert state["requests"][:2] == [600.0, 0.0]  # the limit, none remaining
+            learned_for(key).state = None
+            with pytest.raises(openai.RateLimitError):
+                await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}])
+            assert learned_for(key).state["requests"][0] == 600.0  # a 429's headers too
+
+        asyncio.run(ask_twice())
+        sync_key = f"test:{uuid.uuid4().hex}"
+        with httpx.Client(base_url=server.base_url, headers={"Authorization": "Bearer s"}) as c:
+            watch(c, sync_key)
+            c.post("/chat/completions", json={"model": "m", "messages": []})
+        assert learned_for(sync_key).state["requests"][0] == 600.0
+
+
+def test_the_server_limits_each_api_key_with_its_own_bucket():
+    with LLMServer(latency=(0.001, 0.002), rpm=60, bucket=True, remaining=2) as server:
+        for key in ("a", "b"):
+            with httpx.Client(base_url=server.base_url,
+                              headers={"Authorization": f"Bearer {key}"}) as c:
+                codes = [c.post("/chat/completions", json={"model": "m", "messages": []})
+                         .status_code for _ in range(3)]
+            assert codes == [200, 200, 429]
+        keys = server.keys()
+        assert keys["a"]["ok"] == keys["b"]["ok"] == 2 and keys["a"]["rate_limited"] == 1
