@@ -68,8 +68,9 @@ def test_a_hold_off_holds_calls_queued_at_the_concurrency(engine, bucket_server)
     log = bucket_server.log(key)
     refused = [t for t, status in log if status == 429]
     assert len(refused) == 1
-    # other processes read the hold-off at most every 0.1 s: 0.2 s of slack
-    during = [t - refused[0] for t, _ in log if refused[0] + 0.2 < t < refused[0] + 1.0]
+    # other processes read the hold-off every 0.1 s (a cluster's through its scheduler, on a
+    # loaded test machine): 0.3 s of slack
+    during = [t - refused[0] for t, _ in log if refused[0] + 0.3 < t < refused[0] + 1.0]
     assert not during, during
 
 
