@@ -67,10 +67,13 @@ class BatchDriver:
     """Submit / poll / download for one transport, over a batch folder."""
 
     def __init__(self, transport: BatchTransport, folder: str, *, attempts: int = 1,
-                 keep_files: bool = False, online_after: float | None = None) -> None:
+                 keep_files: bool = False, online_after: float | None = None,
+                 ledger_folder: str | None = None) -> None:
+        """``folder`` holds the answers (and the ledger unless ``ledger_folder`` is given:
+        one ledger per transport, one answer store per map)."""
         self.transport, self.attempts, self.keep_files = transport, max(1, attempts), keep_files
         self.online_after = online_after
-        self.ledger, self.answers = Ledger(folder), AnswerStore(folder)
+        self.ledger, self.answers = Ledger(ledger_folder or folder), AnswerStore(folder)
         self.files: dict[str, FileState] = self.ledger.files()
         self.counts = DriverCounts()
         self._last: dict[str, Answer] = {}  # digest -> its latest unanswered outcome

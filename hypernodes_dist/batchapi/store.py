@@ -13,12 +13,13 @@ what the driver did at the provider, and what the provider answered.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ class Request:
     endpoint: str
     body: Mapping[str, Any]
     digest: str
+    source: str = ""   # who recorded it (the resource), so the driver picks its transport
 
 
 class RequestLog:
@@ -48,15 +50,20 @@ class RequestLog:
         self._offsets: dict[str, int] = {}
         self._seen: set[str] = set()
 
-    def record(self, endpoint: str, body: Mapping[str, Any]) -> None:
+    def record(self, endpoint: str, body: Mapping[str, Any], source: str = "") -> None:
         """Append a request (a worker's side; safe from threads)."""
-        data = json.dumps({"e": endpoint, "b": body}, separators=(",", ":")) + "\n"
+        data = json.dumps({"e": endpoint, "b": body, "s": source},
+                          separators=(",", ":")) + "\n"
         with self._lock:
             if self._path is None:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 self._path = self.folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
             with open(self._path, "a", encoding="utf-8") as f:
                 f.write(data)
+
+    def recorder(self, source: str) -> Callable[[str, Mapping[str, Any]], None]:
+        """``record`` for one source (a resource's name)."""
+        return functools.partial(_record_from, self, source)
 
     def new(self) -> list[Request]:
         """The distinct requests recorded since the last call (the driver's side)."""
@@ -69,7 +76,7 @@ class RequestLog:
                 digest = request_digest(obj["e"], obj["b"])
                 if digest not in self._seen:
                     self._seen.add(digest)
-                    out.append(Request(obj["e"], obj["b"], digest))
+                    out.append(Request(obj["e"], obj["b"], digest, obj.get("s", "")))
         return out
 
     def _read_new(self, path: Path) -> Iterator[bytes]:
@@ -80,6 +87,10 @@ class RequestLog:
         end = data.rfind(b"\n") + 1  # a line being written is read next time
         self._offsets[path.name] = start + end
         return iter(data[:end].splitlines())
+
+
+def _record_from(log: RequestLog, source: str, endpoint: str, body: Mapping[str, Any]) -> None:
+    log.record(endpoint, body, source)
 
 
 @dataclass

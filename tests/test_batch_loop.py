@@ -1,0 +1,115 @@
+"""The map's Batch API loop (``run/batchloop.py``) with rows stood in for by the real
+``openai`` and ``anthropic`` recording clients, against the loopback fake provider."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from hypernodes_bench.batch_server import DEFAULTS, BatchServer
+from hypernodes_dist.batchapi import UnsupportedClientError
+from hypernodes_dist.batchapi.recording import BatchWait, recording_client
+from hypernodes_dist.run.batchloop import Backoff, BatchLoop, batch_folder, transports_for
+
+FAST = Backoff(first=0.05, factor=1.5, most=0.5)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with BatchServer() as s:
+        yield s
+
+
+@pytest.fixture
+def fake(server):
+    server.reset()
+    yield server
+    server.configure(**DEFAULTS)
+
+
+def _clients(fake: BatchServer) -> dict[str, Any]:
+    return {"gpt": openai.OpenAI(base_url=fake.base_url, api_key="x", max_retries=0),
+            "claude": anthropic.Anthropic(base_url=fake.anthropic_base_url, api_key="x",
+                                          max_retries=0)}
+
+
+class Rows:
+    """Rows of a map whose node calls both clients; a finished row is not run again."""
+
+    def __init__(self, loop: BatchLoop, clients: dict[str, Any], texts: list[str]) -> None:
+        self.clients = {name: recording_client(c, loop.answers, loop.recorder(name))
+                        for name, c in clients.items()}
+        self.texts, self.out, self.runs = texts, {}, 0
+
+    def node(self, text: str) -> tuple[str, str]:
+        a = self.clients["gpt"].chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": text}])
+        b = self.clients["claude"].messages.create(
+            model="claude-haiku", max_tokens=16, messages=[{"role": "user", "content": text}])
+        return a.choices[0].message.content, b.content[0].text
+
+    def __call__(self) -> int:
+        self.runs += 1
+        waiting = 0
+        for i, text in enumerate(self.texts):
+            if i in self.out:
+                continue
+            try:
+                self.out[i] = self.node(text)
+            except BatchWait:
+                waiting += 1
+        return waiting
+
+
+def test_the_loop_runs_rows_until_none_waits(fake, tmp_path):
+    clients = _clients(fake)
+    loop = BatchLoop(tmp_path, transports_for(clients, "m", "both"), backoff=FAST)
+    rows = Rows(loop, clients, [f"row {i}" for i in range(10)])
+    assert loop.run(rows) == 0
+    assert rows.runs == 3   # waits on gpt, then on claude, then done
+    online = Rows.__new__(Rows)
+    online.clients = clients
+    assert [rows.out[i] for i in range(10)] == [online.node(t) for t in rows.texts]
+    assert all(received == 2 for received, _ in fake.counts().values())  # batch + online check
+
+
+def test_wait_false_returns_pending_then_a_rerun_collects(fake, tmp_path):
+    clients = _clients(fake)
+    fake.configure(delay=0.3)
+    texts = [f"later {i}" for i in range(6)]
+    first = BatchLoop(tmp_path, transports_for(clients, "m", "both"), backoff=FAST)
+    assert first.run(Rows(first, clients, texts), wait=False) == 6
+    again = BatchLoop(tmp_path, transports_for(clients, "m", "both"), backoff=FAST)
+    rows = Rows(again, clients, texts)
+    assert again.run(rows) == 0 and len(rows.out) == 6
+    assert fake.stats()["batches"] == 2   # one per provider: nothing submitted twice
+    assert all(c == [1, 1] for c in fake.counts().values())
+
+
+def test_a_queue_limit_refusal_is_waited_out(fake, tmp_path):
+    clients = {"gpt": _clients(fake)["gpt"]}
+    fake.configure(queue_refuse=True, queue_tokens=1)
+    loop = BatchLoop(tmp_path, transports_for(clients, "m", "n"), backoff=FAST)
+
+    class Unblock(Rows):
+        def node(self, text: str) -> tuple[str, str]:
+            if self.runs == 3:
+                fake.configure(queue_refuse=False, queue_tokens=None)
+            r = self.clients["gpt"].chat.completions.create(
+                model="gpt-4o-mini", messages=[{"role": "user", "content": text}])
+            return r.choices[0].message.content, ""
+    rows = Unblock(loop, clients, ["a", "b"])
+    assert loop.run(rows) == 0 and len(rows.out) == 2
+    assert sum(d.counts.queue_refusals for d in loop.drivers.values()) >= 2
+
+
+def test_a_map_needs_into_or_a_cache_and_a_supported_client(tmp_path):
+    assert batch_folder(tmp_path / "out", None, "m") == tmp_path / "out" / "_hn_batches"
+    assert batch_folder(None, tmp_path, "m").parent == tmp_path / "_hn_batches"
+    with pytest.raises(ValueError, match="into="):
+        batch_folder(None, None, "m")
+    with pytest.raises(UnsupportedClientError, match="node 'classify', resource 'llm'.*openai"):
+        transports_for({"llm": object()}, "m", "classify")
