@@ -304,3 +304,23 @@ def test_sigkill_then_rerun_sends_each_request_once(fake, tmp_path, provider, ki
     assert len(counts) == len(texts)
     assert all(c == [2, 2] for c in counts.values())  # once by a batch, once online above
     assert fake.stats()["batches"] == 1
+
+
+def test_a_batch_the_provider_no_longer_knows_is_resubmitted_only_when_asked(fake, tmp_path):
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    _node(client, "gone")
+    transport = OpenAIBatches(_openai(fake, "sync"), "m")
+    requests = log.new()
+    asyncio.run(BatchDriver(transport, str(folder)).submit(requests))
+    ledger = Ledger(folder).path
+    text = ledger.read_text()
+    batch_id = [e["batch"] for e in Ledger(folder).events() if e["ev"] == "created"][0]
+    ledger.write_text(text.replace(batch_id, "batch_other_key"))   # another API key's batch
+    driver = BatchDriver(transport, str(folder))
+    asyncio.run(driver.poll())
+    assert driver.lost == ["batch_other_key"]
+    assert list(driver.to_submit(requests)) == []
+    again = BatchDriver(transport, str(folder), resubmit_lost=True)
+    assert [r.digest for r in again.to_submit(requests)] == [requests[0].digest]

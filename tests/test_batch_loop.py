@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
@@ -10,7 +11,7 @@ import openai
 import pytest
 
 from hypernodes_bench.batch_server import DEFAULTS, BatchServer
-from hypernodes_dist.batchapi import UnsupportedClientError
+from hypernodes_dist.batchapi import BatchNotFoundError, UnsupportedClientError
 from hypernodes_dist.batchapi.recording import BatchWait, recording_client
 from hypernodes_dist.run.batchloop import Backoff, BatchLoop, batch_folder, transports_for
 
@@ -113,3 +114,21 @@ def test_a_map_needs_into_or_a_cache_and_a_supported_client(tmp_path):
         batch_folder(None, None, "m")
     with pytest.raises(UnsupportedClientError, match="node 'classify', resource 'llm'.*openai"):
         transports_for({"llm": object()}, "m", "classify")
+
+
+def test_a_lost_batch_stops_the_loop_naming_it(fake, tmp_path):
+    clients = {"gpt": _clients(fake)["gpt"]}
+    loop = BatchLoop(tmp_path, transports_for(clients, "m", "n"), backoff=FAST)
+    rows = Rows(loop, clients, ["x"])
+    rows.node = lambda text: (  # type: ignore[method-assign]
+        rows.clients["gpt"].chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": text}]), "")
+    fake.configure(delay=30.0)
+    assert loop.run(rows, wait=False) == 1
+    ledger = next((tmp_path / "ledgers").rglob("ledger.jsonl"))
+    batch_id = json.loads(ledger.read_text().splitlines()[-1])["batch"]
+    ledger.write_text(ledger.read_text().replace(batch_id, "batch_other_key"))
+    again = BatchLoop(tmp_path, transports_for(clients, "m", "n"), backoff=FAST)
+    with pytest.raises(BatchNotFoundError, match="batch_other_key") as err:
+        again.run(Rows(again, clients, ["x"]))
+    assert "resubmit_lost=True" in err.value.__notes__[0]

@@ -19,13 +19,15 @@ or a ``wait=False`` map) carries on where the last one stopped:
   batch list by metadata (``hn_file``) or, for providers without metadata, by the
   custom_ids of an ended batch's results; a batch still unconfirmed keeps its lines out of
   ``submit`` until it is.
+- A batch the provider no longer knows (404: deleted, or another API key) is ``lost``: its
+  requests are submitted again only with ``resubmit_lost=True`` (the user says so).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hypernodes_dist.batchapi.recording import ONLINE, Answer
 from hypernodes_dist.batchapi.store import AnswerStore, FileState, Ledger, Request
@@ -56,7 +58,6 @@ class DriverCounts:
     lines_answered: int = 0
     lines_again: int = 0
     lines_online: int = 0
-    lost: list[str] = field(default_factory=list)   # batch ids the provider no longer knows
 
 
 def _digest(custom_id: str) -> str:
@@ -68,11 +69,11 @@ class BatchDriver:
 
     def __init__(self, transport: BatchTransport, folder: str, *, attempts: int = 1,
                  keep_files: bool = False, online_after: float | None = None,
-                 ledger_folder: str | None = None) -> None:
+                 ledger_folder: str | None = None, resubmit_lost: bool = False) -> None:
         """``folder`` holds the answers (and the ledger unless ``ledger_folder`` is given:
         one ledger per transport, one answer store per map)."""
         self.transport, self.attempts, self.keep_files = transport, max(1, attempts), keep_files
-        self.online_after = online_after
+        self.online_after, self.resubmit_lost = online_after, resubmit_lost
         self.ledger, self.answers = Ledger(ledger_folder or folder), AnswerStore(folder)
         self.files: dict[str, FileState] = self.ledger.files()
         self.counts = DriverCounts()
@@ -84,8 +85,14 @@ class BatchDriver:
                    if digest in f.digests and f.counted and f.state in ("done", "failed"))
 
     def _live(self) -> set[str]:
-        return {d for f in self.files.values() if f.state in ("new", "submitted")
-                for d in f.digests}
+        """Requests in a batch at the provider, or in a lost one not to be resubmitted."""
+        held = ("new", "submitted") if self.resubmit_lost else ("new", "submitted", "lost")
+        return {d for f in self.files.values() if f.state in held for d in f.digests}
+
+    @property
+    def lost(self) -> list[str]:
+        """Batches the provider no longer knows (404), by id."""
+        return [str(f.batch_id) for f in self.files.values() if f.state == "lost"]
 
     def to_submit(self, requests: Iterable[Request]) -> Iterator[Request]:
         """The requests that go into the next batches (a generator)."""
@@ -157,8 +164,8 @@ class BatchDriver:
             try:
                 info = await self.transport.status(str(state.batch_id))
             except BatchNotFoundError:
-                self.counts.lost.append(str(state.batch_id))
-                self._fail(state, counted=False, why="not found (404)")
+                state.state = "lost"
+                self.ledger.write("lost", fid=state.fid)
                 continue
             if info.state == ENDED:
                 await self._download(state, info)

@@ -5,7 +5,7 @@ what the driver did at the provider, and what the provider answered.
   each process, read incrementally by the driver); identical requests are one.
 - ``Ledger``: ``ledger.jsonl``, one fsync'd JSON event per line, written before and after
   every provider call (``file``, ``uploaded``, ``creating``, ``created``, ``online``,
-  ``failed``, ``done``; each names its file by ``fid``); ``Ledger.files()`` replays it into the state of each file.
+  ``failed``, ``done``, ``lost``; each names its file by ``fid``); ``Ledger.files()`` replays it into the state of each file.
 - ``AnswerStore``: ``answers/<batch>.jsonl`` written whole (temp file + rename) once a batch
   is downloaded: ``{"d": digest, "s": status, "b": body}``; read by every process, new
   files picked up when the folder changes.
@@ -103,7 +103,7 @@ class FileState:
     file_id: str | None = None
     creating_at: float | None = None   # a create was sent (its answer may be lost)
     batch_id: str | None = None
-    state: str = "new"                 # new | submitted | done | failed
+    state: str = "new"                 # new | submitted | done | failed | lost
     counted: bool = True               # a failure counts against the lines' retries
     online: bool = False               # cancelled for online_after: unanswered lines go online
 
@@ -151,6 +151,8 @@ class Ledger:
                 state.batch_id, state.state = ev["batch"], "submitted"
             elif kind == "online":
                 state.online = True
+            elif kind == "lost":
+                state.state = "lost"
             elif kind in ("done", "failed"):
                 state.state, state.counted = kind, bool(ev.get("counted", True))
         return files

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypernodes_dist.batchapi import BatchTransport, transport_for
+from hypernodes_dist.batchapi import BatchNotFoundError, BatchTransport, transport_for
 from hypernodes_dist.batchapi.driver import BatchDriver
 from hypernodes_dist.batchapi.identity import map_tag
 from hypernodes_dist.batchapi.store import AnswerStore, Request, RequestLog
@@ -63,12 +63,14 @@ class BatchLoop:
 
     def __init__(self, folder: str | os.PathLike[str], transports: Mapping[str, BatchTransport],
                  *, attempts: int = 1, online_after: float | None = None,
-                 keep_files: bool = False, backoff: Backoff = Backoff()) -> None:
+                 keep_files: bool = False, resubmit_lost: bool = False,
+                 backoff: Backoff = Backoff()) -> None:
         self.folder, self.backoff = Path(folder), backoff
         self.log, self.answers = RequestLog(self.folder), AnswerStore(self.folder)
         self.drivers = {name: BatchDriver(t, str(self.folder), attempts=attempts,
                                           online_after=online_after, keep_files=keep_files,
-                                          ledger_folder=str(self.folder / "ledgers" / name))
+                                          ledger_folder=str(self.folder / "ledgers" / name),
+                                          resubmit_lost=resubmit_lost)
                         for name, t in transports.items()}
         self.requests: dict[str, list[Request]] = {name: [] for name in transports}
 
@@ -88,6 +90,24 @@ class BatchLoop:
             if not wait:
                 return waiting
             self._wait_for_answers()
+            self._check_lost()
+
+    def _check_lost(self) -> None:
+        lost = {name: d.lost for name, d in self.drivers.items() if d.lost}
+        if lost and not self.running:
+            exc = BatchNotFoundError(", ".join(i for ids in lost.values() for i in ids),
+                                     ", ".join(f"resource {name!r}" for name in lost))
+            exc.add_note("to submit their requests again, rerun the map with "
+                         "resubmit_lost=True")
+            raise exc
+
+    def states(self) -> dict[str, int]:
+        """The map's batch files by state (new, submitted, done, failed, lost): progress."""
+        out: dict[str, int] = {}
+        for d in self.drivers.values():
+            for f in d.files.values():
+                out[f.state] = out.get(f.state, 0) + 1
+        return out
 
     @property
     def running(self) -> int:
