@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 
+from hypernodes_bench.batch_server import DEFAULTS as BATCH_DEFAULTS
+from hypernodes_bench.batch_server import BatchServer
 from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist.policies.machine import remove_semaphores
 
@@ -58,6 +60,23 @@ def llm_servers():
     yield shared
     for server in started.values():
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def batch_server():
+    """The loopback fake Batch API provider (``hypernodes_bench.batch_server``), one per test
+    module (its batches and files stay from test to test)."""
+    with BatchServer() as server:
+        yield server
+
+
+@pytest.fixture
+def batch_fake(batch_server):
+    """The module's fake provider, counters zeroed before the test, knobs back to the
+    defaults after it."""
+    batch_server.reset()
+    yield batch_server
+    batch_server.configure(**BATCH_DEFAULTS)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from hypernodes_bench.batch_answers import request_key
-from hypernodes_bench.batch_server import DEFAULTS, BatchServer
+from hypernodes_bench.batch_server import BatchServer
 from hypernodes_dist.batchapi import AnthropicBatches, OpenAIBatches
 from hypernodes_dist.batchapi.driver import BatchDriver
 from hypernodes_dist.batchapi.recording import (
@@ -31,22 +31,21 @@ from hypernodes_dist.batchapi.store import AnswerStore, Ledger, RequestLog
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with BatchServer() as s:
-        yield s
-
-
 @pytest.fixture
-def fake(server):
-    server.reset()
-    yield server
-    server.configure(**DEFAULTS)
+def fake(batch_fake):
+    return batch_fake
 
 
 def _openai(server: BatchServer, kind: str) -> Any:
     cls = openai.AsyncOpenAI if kind == "async" else openai.OpenAI
     return cls(base_url=server.base_url, api_key="x", max_retries=0)
+
+
+def _recording(fake: BatchServer, tmp_path: Path) -> tuple[Path, RequestLog, AnswerStore, Any]:
+    """A map's batch folder, its request log and answers, a recording sync openai client."""
+    folder = tmp_path / "b"
+    log, answers = RequestLog(folder), AnswerStore(folder)
+    return folder, log, answers, recording_client(_openai(fake, "sync"), answers, log.record)
 
 
 def _chat(client: Any, text: str) -> Any:
@@ -114,9 +113,7 @@ def test_openai_answers_equal_online_and_each_request_once(fake, tmp_path, kind)
 
 
 def test_each_distinct_request_reaches_the_provider_once(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     texts = [f"text {i % 7}" for i in range(30)]
     for t in texts:
         _node(client, t)
@@ -128,9 +125,7 @@ def test_each_distinct_request_reaches_the_provider_once(fake, tmp_path):
 
 
 def test_expired_cancelled_and_failed_lines_go_again_completed_never(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     texts = ["plain", "[[expire:1]] late", "[[cancel:1]] stopped", "[[status:500:1]] flaky"]
     for t in texts:
         _node(client, t)
@@ -149,9 +144,7 @@ def test_expired_cancelled_and_failed_lines_go_again_completed_never(fake, tmp_p
 
 
 def test_retries_exhausted_fail_the_item_with_the_clients_error(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     _node(client, "[[status:500:5]] down")
     _drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder), attempts=2), log)
     with pytest.raises(openai.InternalServerError):
@@ -160,9 +153,7 @@ def test_retries_exhausted_fail_the_item_with_the_clients_error(fake, tmp_path):
 
 
 def test_queue_limit_refusal_is_waited_out(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     for i in range(3):
         _node(client, f"q {i}")
     fake.configure(queue_refuse=True, queue_tokens=1)
@@ -212,9 +203,7 @@ def test_calls_no_batch_carries_are_refused_by_name(fake, tmp_path):
 
 
 def test_a_rerun_adopts_a_batch_created_but_not_recorded(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     _node(client, "lost answer")
     transport = OpenAIBatches(_openai(fake, "sync"), "m")
     driver = BatchDriver(transport, str(folder))
@@ -229,9 +218,7 @@ def test_a_rerun_adopts_a_batch_created_but_not_recorded(fake, tmp_path):
 
 
 def test_online_after_keeps_finished_lines_and_sends_the_rest_online(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     texts = [f"slow {i}" for i in range(8)]
     for t in texts:
         _node(client, t)
@@ -250,9 +237,7 @@ def test_online_after_keeps_finished_lines_and_sends_the_rest_online(fake, tmp_p
 
 
 def test_a_rerun_collects_and_submits_nothing_twice(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     for i in range(5):
         _node(client, f"later {i}")
     fake.configure(delay=0.5)
@@ -307,9 +292,7 @@ def test_sigkill_then_rerun_sends_each_request_once(fake, tmp_path, provider, ki
 
 
 def test_a_batch_the_provider_no_longer_knows_is_resubmitted_only_when_asked(fake, tmp_path):
-    folder = tmp_path / "b"
-    log, answers = RequestLog(folder), AnswerStore(folder)
-    client = recording_client(_openai(fake, "sync"), answers, log.record)
+    folder, log, answers, client = _recording(fake, tmp_path)
     _node(client, "gone")
     transport = OpenAIBatches(_openai(fake, "sync"), "m")
     requests = log.new()

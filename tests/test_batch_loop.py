@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from hypernodes_bench.batch_server import DEFAULTS, BatchServer
+from hypernodes_bench.batch_server import BatchServer
 from hypernodes_dist.batchapi import BatchNotFoundError, UnsupportedClientError
 from hypernodes_dist.batchapi.recording import BatchWait, recording_client
 from hypernodes_dist.run.batchloop import Backoff, BatchLoop, batch_folder, transports_for
@@ -18,17 +18,9 @@ from hypernodes_dist.run.batchloop import Backoff, BatchLoop, batch_folder, tran
 FAST = Backoff(first=0.05, factor=1.5, most=0.5)
 
 
-@pytest.fixture(scope="module")
-def server():
-    with BatchServer() as s:
-        yield s
-
-
 @pytest.fixture
-def fake(server):
-    server.reset()
-    yield server
-    server.configure(**DEFAULTS)
+def fake(batch_fake):
+    return batch_fake
 
 
 def _clients(fake: BatchServer) -> dict[str, Any]:
