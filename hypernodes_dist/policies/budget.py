@@ -76,7 +76,7 @@ class Budget:
         if not relevant:
             return None, False
         found = self._ledger().get()
-        if found is None and self.asks:  # opened by the driver: gone once the map is over
+        if found is None:  # opened by the driver: gone once the map is over (a late call)
             return Spent(relevant[0][0], 0.0, relevant[0][1]), True
         spent = dict(found or {})
         answers: dict[str, Any] | None = None
@@ -111,8 +111,9 @@ class Budget:
             found.quantity, found.used, found.limit, node)
 
     def open(self, where: Where | None = None) -> None:
-        """Start the ledger (the driver, before the map runs, with ``asks``): a call that
-        finds no ledger is one the map left behind (interrupted), and is refused."""
+        """Start the ledger (the driver, before the map runs): a call that finds no ledger
+        is one the map left behind (stopped, interrupted, still running on a cluster), and
+        is refused."""
         self._ledger(where).update(lambda old: old or {})
 
     def ask_for(self, found: Spent) -> None:

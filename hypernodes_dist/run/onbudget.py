@@ -41,6 +41,7 @@ class Asker:
         and the stop line show, updated with each new limit; ``stopping()``: the map is
         being stopped (a dataset map's ``MapStop``: Ctrl-C) -- waiting calls stop too."""
         self.budget = budget if budget is not None and budget.asks else None
+        self.ledger = budget  # opened for every budget (a call that finds none is left behind)
         self.ask, self.where = ask, where
         self.initial = dict(budget.limits) if budget is not None else {}
         self.limits: dict[str, float] = {}  # the limits ask gave
@@ -52,8 +53,9 @@ class Asker:
         self.thread: threading.Thread | None = None
 
     def __enter__(self) -> Asker:
+        if self.ledger is not None:
+            self.ledger.open(self.where)
         if self.budget is not None:
-            self.budget.open(self.where)
             self.thread = threading.Thread(target=self._watch, name="hn-on-budget", daemon=True)
             self.thread.start()
         return self

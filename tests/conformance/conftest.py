@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from .engines import MEMORY, all_engines
+from .engines import DAFT, MEMORY, all_engines
 from .engines_memory import MODULES as MEMORY_MODULES
+
+try:
+    from .engines_daft import RAY_MODULES
+except ImportError:
+    RAY_MODULES = ()
 
 _ENGINES = all_engines()
 
@@ -20,10 +25,11 @@ def engine(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The in-process limits variant runs only the modules that test limits."""
-    ids = tuple(f"[{name}" for name, _ in MEMORY)
-    off = [i for i in items if any(x in i.nodeid for x in ids)
-           and i.module.__name__.rpartition(".")[2] not in MEMORY_MODULES]
+    """The in-process limits variant and Daft on Ray run only the modules that test limits."""
+    only = [(f"[{name}", MEMORY_MODULES) for name, _ in MEMORY]
+    only += [(f"[{name}", RAY_MODULES) for name, _ in DAFT if name == "daft-ray"]
+    off = [i for i in items for x, modules in only if x in i.nodeid
+           and i.module.__name__.rpartition(".")[2] not in modules]
     if off:
         config.hook.pytest_deselected(items=off)
         items[:] = [i for i in items if i not in set(off)]

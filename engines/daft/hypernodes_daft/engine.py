@@ -48,7 +48,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import daft
 from daft import DataType, col
@@ -61,6 +61,7 @@ from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.progress import ProgressChannel, Receive
 
+from . import limits
 from .datasets import run_dataset_native
 from .frame import ROW, column_name, item_frame
 from .udf import Failure, apply_udf, close, make_udf, receive
@@ -142,7 +143,7 @@ class DaftEngine(Engine):
                         sink(result)
             stopped = False
         finally:
-            close(token, stopped)
+            close(token, stopped, local)
 
     # ------------------------------------------------------------------ datasets
     def execute_dataset(self, job: DatasetJob, report: Callable[[PartReport], None]) -> None:
@@ -176,6 +177,13 @@ class DaftEngine(Engine):
         self._ensure_runner()
         return RemoteWorkers(run_everywhere, "Ray node")
 
+    def driver_shared(self, key: str) -> Any | None:
+        """On Ray, the workers' shared values live in the job's limits actor (``limits.py``)."""
+        if self.runner != "ray":
+            return None
+        self._ensure_runner()
+        return limits.start().shared(key)
+
     def dataset_part_rows(self, n: int | None) -> int:
         """``batch_size`` rows, or a quarter of the rows (``part_rows``: Daft holds a part's
         columns while it runs)."""
@@ -195,6 +203,8 @@ class DaftEngine(Engine):
             else:
                 daft.set_runner_native(num_threads=self.num_threads)
         current = get_or_infer_runner_type()
+        if current == "ray" == self.runner:
+            limits.start()  # the job's limits actor: every Ray worker's limits
         if current != self.runner:
             raise RuntimeError(
                 f"DaftEngine(runner={self.runner!r}): this process already runs Daft on the "

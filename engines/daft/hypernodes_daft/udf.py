@@ -35,6 +35,7 @@ from hypernodes_dist.execution.batch import run_batch as run_batch_async
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.execution.syncio import on_process_loop
 from hypernodes_dist.plan import Plan
+from hypernodes_dist.policies.limits import shared
 
 __all__ = ["Failure", "make_udf", "receive", "close"]
 
@@ -63,7 +64,7 @@ def make_udf(
     """The function a Daft batch UDF wraps (plan, broadcast and settings in its closure)."""
 
     def start(rows: Series, columns: tuple[Series, ...]) -> tuple[int, list[Chunk]] | None:
-        if local and token in _CANCELLED:  # another batch already failed: stop early
+        if token in _CANCELLED if local else _stopped_on_ray(token):  # the map has stopped
             return None
         ids = rows.to_pylist()
         values = [c.to_pylist() for c in columns]
@@ -137,8 +138,17 @@ def receive(payload: bytes) -> list[BatchResult] | Failure:
         return _MAILBOX.pop(payload[1:])
 
 
-def close(token: str, stopped: bool) -> None:
-    """End one map: parked results go; if it ``stopped`` early, later batches skip work."""
+def _stopped_on_ray(token: str) -> bool:
+    """Whether the driver stopped the map (a batch Ray starts after a failure or a budget
+    stop runs nothing: the mark is in the job's limits actor, one round trip a batch)."""
+    return bool(shared(f"map-stopped-{token}").get())
+
+
+def close(token: str, stopped: bool, local: bool = True) -> None:
+    """End one map: parked results go; if it ``stopped`` early, later batches skip work
+    (on Ray: told through the job's limits actor)."""
+    if stopped and not local:
+        shared(f"map-stopped-{token}").update(lambda _: True)
     prefix = f"{token}:".encode()
     with _lock:
         if stopped:  # one short string per failed map, so late batches park nothing
