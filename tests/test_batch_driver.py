@@ -21,12 +21,14 @@ from hypernodes_dist.batchapi import AnthropicBatches, OpenAIBatches
 from hypernodes_dist.batchapi.driver import BatchDriver
 from hypernodes_dist.batchapi.recording import (
     BatchWait,
+    BudgetRefusal,
     UnbatchableCall,
     answered_scope,
     in_batch_api,
     recording_client,
 )
 from hypernodes_dist.batchapi.store import AnswerStore, Ledger, RequestLog
+from hypernodes_dist.errors import BudgetExceededError
 
 CHAT = "/v1/chat/completions"
 
@@ -307,3 +309,37 @@ def test_a_batch_the_provider_no_longer_knows_is_resubmitted_only_when_asked(fak
     assert list(driver.to_submit(requests)) == []
     again = BatchDriver(transport, str(folder), resubmit_lost=True)
     assert [r.digest for r in again.to_submit(requests)] == [requests[0].digest]
+
+
+def test_a_budget_stops_submission_and_a_rerun_asks_again(fake, tmp_path):
+    folder, log, answers, client = _recording(fake, tmp_path)
+    texts = [f"paid {i}" for i in range(5)]
+    for t in texts:
+        _node(client, t)
+    requests = log.new()
+    taken: list[str] = []
+
+    def reserve(req: Any) -> BudgetExceededError | None:
+        if len(taken) == 2:
+            return BudgetExceededError("node 'classify': budget tokens=100 spent", "tokens",
+                                       100.0, 100.0, "classify")
+        taken.append(req.digest)
+        return None
+    transport = OpenAIBatches(_openai(fake, "sync"), "m")
+    driver = BatchDriver(transport, str(folder), reserve=reserve)
+    asyncio.run(driver.submit(requests))
+    _drive(driver, RequestLog(folder))
+    refused = []
+    for t in texts:
+        try:
+            _node(client, t)
+        except BudgetRefusal as r:
+            refused.append(r.error())
+    assert len(refused) == 3 and all(isinstance(e, BudgetExceededError) for e in refused)
+    assert refused[0].quantity == "tokens" and refused[0].node == "classify"
+    assert len(fake.counts()) == 2    # the refused requests never reached the provider
+    again = BatchDriver(transport, str(folder))   # a rerun with a larger budget
+    asyncio.run(again.submit(requests))
+    _drive(again, RequestLog(folder))
+    assert all(_node(client, t)[1] for t in texts)
+    assert all(c == [1, 1] for c in fake.counts().values()) and len(fake.counts()) == 5

@@ -19,6 +19,9 @@ or a ``wait=False`` map) carries on where the last one stopped:
   batch list by metadata (``hn_file``) or, for providers without metadata, by the
   custom_ids of an ended batch's results; a batch still unconfirmed keeps its lines out of
   ``submit`` until it is.
+- ``reserve``: a request reserves its expected usage when it goes into a batch; one the
+  budget refuses is not submitted and its answer is the refusal (``BudgetExceededError``
+  in the node's code); refusals are dropped when a driver starts, so a rerun asks again.
 - A batch the provider no longer knows (404: deleted, or another API key) is ``lost``: its
   requests are submitted again only with ``resubmit_lost=True`` (the user says so).
 """
@@ -26,10 +29,10 @@ or a ``wait=False`` map) carries on where the last one stopped:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from hypernodes_dist.batchapi.recording import ONLINE, Answer
+from hypernodes_dist.batchapi.recording import ONLINE, Answer, refusal_answer
 from hypernodes_dist.batchapi.store import AnswerStore, FileState, Ledger, Request
 from hypernodes_dist.batchapi.transport import (
     ENDED,
@@ -42,8 +45,13 @@ from hypernodes_dist.batchapi.transport import (
     LineResult,
     QueueLimitError,
 )
+from hypernodes_dist.errors import BudgetExceededError
 
-__all__ = ["BatchDriver", "DriverCounts"]
+__all__ = ["BatchDriver", "DriverCounts", "Reserve"]
+
+# ``reserve(request)``: the budget takes the request's expected usage, or refuses it
+Reserve = Callable[[Request], BudgetExceededError | None]
+REFUSED_PREFIX = "refused-"
 
 _SKEW = 300.0  # seconds of clock skew allowed when listing batches after a crash
 
@@ -69,12 +77,14 @@ class BatchDriver:
 
     def __init__(self, transport: BatchTransport, folder: str, *, attempts: int = 1,
                  keep_files: bool = False, online_after: float | None = None,
-                 ledger_folder: str | None = None, resubmit_lost: bool = False) -> None:
+                 ledger_folder: str | None = None, resubmit_lost: bool = False,
+                 reserve: Reserve | None = None) -> None:
         """``folder`` holds the answers (and the ledger unless ``ledger_folder`` is given:
         one ledger per transport, one answer store per map)."""
         self.transport, self.attempts, self.keep_files = transport, max(1, attempts), keep_files
-        self.online_after, self.resubmit_lost = online_after, resubmit_lost
+        self.online_after, self.resubmit_lost, self.reserve = online_after, resubmit_lost, reserve
         self.ledger, self.answers = Ledger(ledger_folder or folder), AnswerStore(folder)
+        self.answers.drop(REFUSED_PREFIX)  # a rerun asks the budget again
         self.files: dict[str, FileState] = self.ledger.files()
         self.counts = DriverCounts()
         self._last: dict[str, Answer] = {}  # digest -> its latest unanswered outcome
@@ -102,6 +112,11 @@ class BatchDriver:
                 continue
             if self._tries(req.digest) >= self.attempts:
                 self._give_up(req.digest)
+                continue
+            refused = self.reserve(req) if self.reserve is not None else None
+            if refused is not None:
+                self.answers.put(f"{REFUSED_PREFIX}{req.digest}",
+                                 [(req.digest, refusal_answer(refused))])
                 continue
             live.add(req.digest)
             yield req

@@ -14,7 +14,9 @@ client's HTTP client, as online.
 Both signals derive from ``BaseException``: the clients retry (and wrap) ``Exception``
 raised by a transport, and a node's ``except Exception`` must not swallow a wait. The call
 layer catches them: ``BatchWait`` makes the item wait, ``UnbatchableCall.error()`` fails
-it (a streamed call, ``with_raw_response``, an endpoint no Batch API carries).
+it (a streamed call, ``with_raw_response``, an endpoint no Batch API carries), and so does
+``BudgetRefusal.error()`` (``BudgetExceededError``: the map's budget kept the request out of
+every batch).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from types import ModuleType
 from typing import Any, NamedTuple, Protocol
 
 from hypernodes_dist.batchapi.identity import request_digest
+from hypernodes_dist.errors import BudgetExceededError
 
-__all__ = ["Answer", "ONLINE", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
+__all__ = ["Answer", "ONLINE", "REFUSED", "BudgetRefusal", "refusal_answer", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
            "recording_client", "batch_endpoint", "in_batch_api",
            "answered_scope"]
 
@@ -81,6 +84,31 @@ class UnbatchableCall(BaseException):  # noqa: N818 - turned into the item's err
                           "provider Batch API; call it the batched way (no stream=True, no "
                           "with_raw_response; chat completions, embeddings, responses, "
                           "messages) or set batch_api=False on the node")
+
+
+REFUSED = -1  # the status of a request the map's budget kept out of every batch
+
+
+class BudgetRefusal(BaseException):  # noqa: N818 - turned into the item's error
+    """The map's budget kept this request out of the batches (``body``: the refusal's
+    ``message``, ``quantity``, ``spent``, ``limit``, ``node``)."""
+
+    def __init__(self, body: Mapping[str, Any]) -> None:
+        super().__init__(str(body.get("message", "")))
+        self.body = dict(body)
+
+    def error(self) -> BudgetExceededError:
+        """The item's error, as online."""
+        b = self.body
+        return BudgetExceededError(str(b.get("message", "")), str(b.get("quantity", "")),
+                                   float(b.get("spent", 0.0)), float(b.get("limit", 0.0)),
+                                   str(b.get("node", "")))
+
+
+def refusal_answer(exc: BudgetExceededError) -> Answer:
+    """How a budget refusal is stored (``BudgetRefusal`` when a worker reads it)."""
+    return Answer(REFUSED, {"message": str(exc), "quantity": exc.quantity, "spent": exc.spent,
+                            "limit": exc.limit, "node": exc.node})
 
 
 def in_batch_api() -> bool:
@@ -150,6 +178,8 @@ class RecordingTransport:
         if answer is None:
             self.record(endpoint, body)
             raise BatchWait(endpoint, digest)
+        if answer.status == REFUSED:
+            raise BudgetRefusal(answer.body)
         return ONLINE if answer.status == 0 else answer
 
     def _response(self, request: Any, answer: Answer) -> Any:

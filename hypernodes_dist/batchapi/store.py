@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hypernodes_dist.batchapi.identity import request_digest
-from hypernodes_dist.batchapi.recording import Answer
+from hypernodes_dist.batchapi.recording import REFUSED, Answer
 
 __all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore"]
 
@@ -182,10 +182,16 @@ class AnswerStore:
         os.replace(tmp, self.folder / f"{name}.jsonl")
         return n
 
+    def drop(self, prefix: str) -> None:
+        """Remove the answer files named ``prefix...`` (before any worker reads them)."""
+        for path in self.folder.glob(f"{prefix}*.jsonl"):
+            path.unlink(missing_ok=True)
+
     def get(self, digest: str) -> Answer | None:
         """The answer to a request, or None (new answer files are read on a miss)."""
         got = self._answers.get(digest)
-        if got is None and self._refresh():
+        # a miss, or a budget refusal (a rerun drops them), reads new answer files first
+        if (got is None or got.status == REFUSED) and self._refresh():
             got = self._answers.get(digest)
         return got
 
@@ -204,7 +210,10 @@ class AnswerStore:
             # a folder changed within the clock's grain may change again unseen: read it
             # again until its mtime is a second old
             self._mtime, self._settled = mtime, time.time_ns() - mtime > 1_000_000_000
-            for path in sorted(self.folder.glob("*.jsonl")):
+            paths = sorted(self.folder.glob("*.jsonl"))
+            if self._loaded - {p.name for p in paths}:  # files dropped (refusals): read anew
+                self._answers, self._loaded = {}, set()
+            for path in paths:
                 if path.name not in self._loaded:
                     self._load(path)
             return True

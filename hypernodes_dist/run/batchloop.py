@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hypernodes_dist.batchapi import BatchNotFoundError, BatchTransport, transport_for
-from hypernodes_dist.batchapi.driver import BatchDriver
+from hypernodes_dist.batchapi.driver import BatchDriver, Reserve
 from hypernodes_dist.batchapi.identity import map_tag
 from hypernodes_dist.batchapi.store import AnswerStore, Request, RequestLog
 from hypernodes_dist.execution.syncio import run_sync
@@ -64,13 +64,13 @@ class BatchLoop:
     def __init__(self, folder: str | os.PathLike[str], transports: Mapping[str, BatchTransport],
                  *, attempts: int = 1, online_after: float | None = None,
                  keep_files: bool = False, resubmit_lost: bool = False,
-                 backoff: Backoff = Backoff()) -> None:
+                 reserve: Reserve | None = None, backoff: Backoff = Backoff()) -> None:
         self.folder, self.backoff = Path(folder), backoff
         self.log, self.answers = RequestLog(self.folder), AnswerStore(self.folder)
         self.drivers = {name: BatchDriver(t, str(self.folder), attempts=attempts,
                                           online_after=online_after, keep_files=keep_files,
                                           ledger_folder=str(self.folder / "ledgers" / name),
-                                          resubmit_lost=resubmit_lost)
+                                          resubmit_lost=resubmit_lost, reserve=reserve)
                         for name, t in transports.items()}
         self.requests: dict[str, list[Request]] = {name: [] for name in transports}
 
