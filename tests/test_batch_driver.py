@@ -343,3 +343,23 @@ def test_a_budget_stops_submission_and_a_rerun_asks_again(fake, tmp_path):
     _drive(again, RequestLog(folder))
     assert all(_node(client, t)[1] for t in texts)
     assert all(c == [1, 1] for c in fake.counts().values()) and len(fake.counts()) == 5
+
+
+def test_embeddings_and_responses_replay_as_online(fake, tmp_path):
+    folder, log, answers, client = _recording(fake, tmp_path)
+    online = _openai(fake, "sync")
+
+    def embed(c: Any) -> Any:
+        return c.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
+
+    def respond(c: Any) -> Any:
+        return c.responses.create(model="gpt-4o-mini", input="hello")
+    for call in (embed, respond):
+        with pytest.raises(BatchWait):
+            call(client)
+    recorded = log.new()
+    assert any(r.body.get("encoding_format") == "base64" for r in recorded)  # what openai sends
+    _drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder)),
+           RequestLog(folder))
+    assert embed(client) == embed(online)
+    assert respond(client) == respond(online)
