@@ -1,13 +1,15 @@
-"""The guard's own cost: a trivial sync node, with and without a policy, on the local engine.
+"""The guard's own cost per call: a trivial sync node under each policy.
 
-Each round maps ``--items`` items through ``plain`` (no policy: never guarded), ``limited``
-(``concurrency=4``: hold-off check, the AIMD place and the machine semaphore per call) and
-``paced`` (``rate_limit`` far above what the node reaches: a rate turn per call), in
-alternating order; the best round of each is kept. Reported: microseconds per call, and the
-guard's overhead per call (the node's time less ``plain``'s).
+Each node's calls go through ``Guard.positional`` as the columnar executor drives them (one
+sync call per item, no event loop): ``limited`` (``concurrency=4``: the hold-off check, the
+AIMD place and the machine semaphore per call), ``paced`` (a ``rate_limit`` it never
+reaches: a rate turn per call), ``retried`` (``retries=2``: the first attempt is a plain
+call). Measured in this thread's CPU time (other processes competing for the cores do not
+count), best of ``--rounds``; ``plain`` is the function called directly.
 
-Run: ``.venv/bin/python benchmarks/bench_guard.py [--items 20000] [--rounds 7]``.
-Prints a table and writes ``benchmarks/results/guard.json``.
+Run: ``.venv/bin/python benchmarks/bench_guard.py [--calls 20000] [--rounds 15]``; prints a
+table and writes ``benchmarks/results/guard.json`` (``--name`` another file). To compare two
+trees, run it with each first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -17,60 +19,49 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from hypernodes_bench.tables import machine
-from hypernodes_dist import Graph, node
+from hypernodes_dist import node
+from hypernodes_dist.execution.guard import Guard
 
 RESULTS = Path(__file__).parent / "results"
 
 
-@node(output_name="y")
-def plain(x: int) -> int:
+def _inc(x: int) -> int:
     return x + 1
 
 
-@node(output_name="y", concurrency=4)
-def limited(x: int) -> int:
-    return x + 1
+limited = node(output_name="y", concurrency=4, name="limited")(_inc)
+paced = node(output_name="y", rate_limit="10000000/second", name="paced")(_inc)
+retried = node(output_name="y", retries=2, name="retried")(_inc)
 
 
-@node(output_name="y", rate_limit="10000000/second")
-def paced(x: int) -> int:
-    return x + 1
+def _per_call(fn: Any, calls: int) -> float:
+    t0 = time.thread_time()
+    for i in range(calls):
+        fn(i)
+    return time.thread_time() - t0
 
 
-def _seconds(graph: Graph, items: list[int]) -> float:
-    t0 = time.perf_counter()
-    graph.map({"x": items}, map_over="x")
-    return time.perf_counter() - t0
-
-
-def main(items: int, rounds: int) -> dict[str, object]:
+def main(calls: int, rounds: int) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
-    graphs = {n.name: Graph([n]) for n in (plain, limited, paced)}
-    xs = list(range(items))
-    for g in graphs.values():  # warm up: imports, semaphores, rate files
-        _seconds(g, xs[:1000])
-    best = {name: float("inf") for name in graphs}
-    for r in range(rounds):
-        order = list(graphs) if r % 2 == 0 else list(reversed(graphs))
-        for name in order:
-            best[name] = min(best[name], _seconds(graphs[name], xs))
-    us = {name: 1e6 * s / items for name, s in best.items()}
-    rows = [{"node": name, "us_per_call": round(v, 2),
-             "guard_us_per_call": round(v - us["plain"], 2)} for name, v in us.items()]
+    best = {"plain": min(_per_call(_inc, calls) for _ in range(rounds))}
+    for n in (limited, paced, retried):
+        best[n.name] = min(_per_call(Guard(n).positional(_inc, range(calls)), calls)
+                           for _ in range(rounds))
+    rows = [{"node": name, "us_per_call": round(1e6 * s / calls, 2)} for name, s in best.items()]
     for row in rows:
-        print(f"{row['node']:>8}  {row['us_per_call']:8.2f} us/call  "
-              f"guard {row['guard_us_per_call']:+7.2f} us/call")
-    return {"machine": machine(load_before), "items": items, "rounds": rounds, "rows": rows}
+        print(f"{row['node']:>8}  {row['us_per_call']:7.2f} us/call (thread CPU, best of {rounds})")
+    return {"machine": machine(load_before), "calls": calls, "rounds": rounds, "rows": rows}
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--items", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", default="guard.json")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--name", default="guard")
     args = parser.parse_args()
-    result = main(args.items, args.rounds)
+    result = main(args.calls, args.rounds)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / args.out).write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")

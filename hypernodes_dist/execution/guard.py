@@ -222,6 +222,10 @@ class Guard:
         a sync call under a timeout, when ``handed`` to it)."""
         entry.error = error
         gates, handed = self.gates, entry.handed
+        if entered == len(gates) and not handed:  # the usual case
+            for gate in reversed(gates):
+                gate.exit(entry, error)
+            return
         for i in range(entered - 1, -1, -1):
             gate = gates[i]
             if not (handed and gate.holds):

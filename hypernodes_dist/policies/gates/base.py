@@ -38,22 +38,22 @@ class Entry:
 
     ``in_slot``: a gate holding a unit was entered (later waits keep the item's window
     place); ``handed``: the gates that hold were handed to the thread running a sync call
-    under a timeout (it exits them when the call really ends); ``error``: what the attempt raised (set before the exits); ``before``: the
-    execution's usage when the call started (guards with ``Gate.meters`` gates); ``told``:
-    the wait the error asked for (Retry-After, set by the hold-off gate's exit; 0.0: none).
+    under a timeout (it exits them when the call really ends); ``error``: what the attempt
+    raised (set before the exits); ``before``: the execution's usage when the call started
+    (guards with ``Gate.meters`` gates); ``told``: the wait the error asked for (Retry-After,
+    set by the hold-off gate's exit; 0.0: none). The rarely set fields are class defaults:
+    an attempt costs four assignments.
     """
 
-    __slots__ = ("host", "item", "attempt", "blocking", "in_slot", "handed", "error", "before",
-                 "_metered", "told", "kept")
+    in_slot = handed = False
+    error: BaseException | None = None
+    before: Usage | None = None
+    _metered: Usage | None = None
+    told = 0.0
+    kept: dict[int, Any] | None = None
 
     def __init__(self, host: Host, item: int | None, attempt: int, blocking: bool) -> None:
         self.host, self.item, self.attempt, self.blocking = host, item, attempt, blocking
-        self.in_slot = self.handed = False
-        self.error: BaseException | None = None
-        self.before: Usage | None = None
-        self._metered: Usage | None = None
-        self.told = 0.0
-        self.kept: dict[int, Any] | None = None
 
     def throttle(self, wait: float, reason: str) -> None:
         """Report a wait of ``wait`` seconds before the call (a ``PolicyEvent``)."""
