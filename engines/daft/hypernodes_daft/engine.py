@@ -46,6 +46,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -64,6 +65,7 @@ from hypernodes_dist.execution.progress import ProgressChannel, Receive
 from . import limits
 from .datasets import run_dataset_native
 from .frame import ROW, column_name, item_frame
+from .teardown import close_workers
 from .udf import Failure, apply_udf, close, make_udf, receive
 
 __all__ = ["DaftEngine"]
@@ -184,6 +186,13 @@ class DaftEngine(Engine):
         self._ensure_runner()
         return limits.start().shared(key)
 
+    def close(self) -> None:
+        """On Ray, every Ray worker that ran a batch of this job tears its resources down
+        (``teardown.py``); then the driver's own."""
+        if self.runner == "ray" and _runner_is_set() and _ray_up():
+            close_workers()
+        super().close()
+
     def dataset_part_rows(self, n: int | None) -> int:
         """``batch_size`` rows, or a quarter of the rows (``part_rows``: Daft holds a part's
         columns while it runs)."""
@@ -221,6 +230,11 @@ def _ray_cpus() -> int:
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
     except Exception:  # not connected yet, or no ray: the driver's CPUs
         return os.cpu_count() or 1
+
+
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _runner_is_set() -> bool | None:

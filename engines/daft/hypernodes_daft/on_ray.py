@@ -20,6 +20,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.errors import call_portably
 
+from .teardown import watch
+
 __all__ = ["run_dataset_ray", "run_everywhere"]
 
 
@@ -70,4 +72,5 @@ def _report_one(pending: list[Any], report: Callable[[PartReport], None]) -> lis
 
 
 def _run_part(task: PartTask, part: Part) -> PartReport:
+    watch()  # this Ray worker tears its resources down when the engine closes
     return call_portably(task.run, part)  # the error crosses a process boundary

@@ -37,6 +37,8 @@ from hypernodes_dist.execution.syncio import on_process_loop
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.limits import shared
 
+from .teardown import watch
+
 __all__ = ["Failure", "make_udf", "receive", "close"]
 
 # native runner only: payloads parked in the driver process, keyed by (map token, serial)
@@ -64,6 +66,8 @@ def make_udf(
     """The function a Daft batch UDF wraps (plan, broadcast and settings in its closure)."""
 
     def start(rows: Series, columns: tuple[Series, ...]) -> tuple[int, list[Chunk]] | None:
+        if not local:
+            watch()  # this Ray worker tears its resources down when the engine closes
         if token in _CANCELLED if local else _stopped_on_ray(token):  # the map has stopped
             return None
         ids = rows.to_pylist()
