@@ -12,7 +12,7 @@ from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.drive import drive_chunks
 from hypernodes_dist.execution.batch import execute_batch, run_batch
 from hypernodes_dist.execution.batching import item_window
-from hypernodes_dist.execution.flow import ItemFlow, drive
+from hypernodes_dist.execution.flow import Flow, drive, finish, start_flow
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.syncio import gather_tasks, run_sync
 
@@ -73,15 +73,15 @@ class GraphEngine(Engine):
         finishes; each batch goes to ``sink`` when its last item is done."""
         settings = job.settings
         with batch_writes(settings.cache, None) as writes:  # one buffer for all batches
-            def items() -> Iterator[tuple[ItemFlow, int]]:
+            def items() -> Iterator[tuple[Flow, int]]:
                 for start, stop in job.bounds(self.batch_size):
-                    flow = ItemFlow(job.plan, job.chunk(start, stop), settings, writes)
-                    for i in range(flow.n):
+                    flow = start_flow(job.plan, job.chunk(start, stop), settings, writes)
+                    for i in range(stop - start):
                         yield flow, i
 
-            def done(flow: ItemFlow) -> None:
+            def done(flow: Flow) -> None:
                 if flow.pending == 0:
-                    sink(flow.finish())
+                    sink(finish(flow))
 
             window = item_window(job.plan, self.batch_size)  # batch nodes: calls, not items
             await drive(items(), asyncio.Semaphore(window), done)

@@ -22,10 +22,10 @@ from typing import Any
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, batch_writes
 from hypernodes_dist.errors import portable
 from hypernodes_dist.events import RunEndEvent, RunStartEvent
-from hypernodes_dist.execution.columnar import Columnar
+from hypernodes_dist.execution.columnar import run_columnar
 from hypernodes_dist.execution.context import worker_id
-from hypernodes_dist.execution.flow import ItemFlow
-from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, Paused
+from hypernodes_dist.execution.flow import run_flow
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, Paused, RunsResult
 from hypernodes_dist.execution.progress import ticker
 from hypernodes_dist.execution.runstate import RunContext, RunState
 from hypernodes_dist.execution.scheduler import Scheduler
@@ -33,6 +33,7 @@ from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import add_usage
+from hypernodes_dist.results import NodeExecution
 
 __all__ = ["execute_batch", "run_batch"]
 
@@ -54,9 +55,9 @@ async def run_batch(
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     with batch_writes(settings.cache, writes) as buffer:
         if plan.flows:
-            result = await ItemFlow(plan, chunk, settings, buffer).run()
+            result: BatchResult = await run_flow(plan, chunk, settings, buffer)
         elif plan.columnar:
-            result = await Columnar(plan, chunk, settings, buffer).run()
+            result = await run_columnar(plan, chunk, settings, buffer)
         else:
             result = await _per_item(plan, chunk, settings, buffer)
     result.worker = worker_id()
@@ -71,53 +72,26 @@ async def run_batch(
 
 async def _per_item(
     plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None
-) -> BatchResult:
+) -> RunsResult:
     keys = Keys(plan, settings.cache) if settings.cache is not None else None
     wanted = settings.select or plan.outputs
-    result = BatchResult(chunk.offset, chunk.n, {k: [MISSING] * chunk.n for k in wanted})
-    result.histories = [[] for _ in range(chunk.n)]
+    result = RunsResult(chunk.offset, chunk.n, {k: [MISSING] * chunk.n for k in wanted},
+                        histories=[[] for _ in range(chunk.n)])
     running: dict[str, Any] | None = {} if keys is not None and plan.is_async else None
+    emit = result.events.append if settings.want_events else None
     ticks = ticker(settings.progress) if settings.progress is not None else None
     finished, metered = 0, {}
 
     async def one(i: int) -> None:
         nonlocal finished
         index = chunk.offset + i
-        run_id = settings.run_id(index)
-        emit = result.events.append if settings.want_events else None
+        ctx = RunContext(settings.session_id, settings.run_id(index), emit=emit, keys=keys,
+                         writes=writes, item_index=index, running=running,
+                         handlers=settings.handlers or {}, budget=settings.budget)
         state = RunState.start(chunk.item(i))
         if settings.responses:
             state.responses.update(settings.responses)
-        ctx = RunContext(settings.session_id, run_id, emit=emit, keys=keys, writes=writes,
-                         item_index=index, running=running, handlers=settings.handlers or {},
-                         budget=settings.budget)
-        t0 = time.perf_counter()
-        if emit:
-            emit(RunStartEvent(session_id=settings.session_id, run_id=run_id, item_index=index,
-                               inputs=dict(state.values), graph_id=plan.graph_hash))
-        error = None
-        try:
-            await Scheduler(plan, state, ctx).run()
-        except Exception as exc:
-            error = _fail(exc, settings)
-            result.errors[i] = error
-        if state.pending_interrupt is not None:  # a nested graph's run (map rejects these)
-            pending = state.pending_interrupt
-            result.paused[i] = Paused(pending, state.pending_value if pending not in plan.by_name
-                                else state.values.get(plan.by_name[pending].params[0]))
-        for k, col in result.outputs.items():
-            col[i] = state.values.get(k, MISSING) if k in state.produced else MISSING
-        if settings.select is not None:  # history carries the outputs the map returns
-            for execution in state.history:
-                execution.outputs = {k: v for k, v in execution.outputs.items() if k in wanted}
-        result.histories[i] = state.history  # type: ignore[index]
-        result.executed += sum(1 for h in state.history if not h.cached)
-        result.hits += sum(1 for h in state.history if h.cached)
-        if emit:
-            emit(RunEndEvent(session_id=settings.session_id, run_id=run_id, item_index=index,
-                             status="error" if error else "interrupted" if state.pending_interrupt else "complete",
-                             error=error,
-                             outputs=state.outputs(), duration_ms=(time.perf_counter() - t0) * 1e3))
+        await _run_item(plan, state, ctx, result, i, settings)
         finished += 1
         if ticks is not None:
             for execution in state.history:
@@ -138,10 +112,53 @@ async def _per_item(
     return result
 
 
+async def _run_item(plan: Plan, state: RunState, ctx: RunContext, result: RunsResult, i: int,
+                    settings: BatchSettings) -> None:
+    """Item ``i`` through the reactive scheduler, its outcome kept in ``result``."""
+    emit, t0 = ctx.emit, time.perf_counter()
+    if emit:
+        emit(RunStartEvent(session_id=ctx.session_id, run_id=ctx.run_id, item_index=ctx.item_index,
+                           inputs=dict(state.values), graph_id=plan.graph_hash))
+    error = None
+    try:
+        await Scheduler(plan, state, ctx).run()
+    except Exception as exc:
+        error = _fail(exc, settings)
+        result.errors[i] = error
+    pending = state.pending_interrupt
+    if pending is not None:  # a nested graph's run (map rejects these)
+        result.paused[i] = Paused(pending, state.pending_value if pending not in plan.by_name
+                                  else state.values.get(plan.by_name[pending].params[0]))
+    for k, col in result.outputs.items():
+        col[i] = state.values.get(k, MISSING) if k in state.produced else MISSING
+    _keep_history(result, i, state.history, settings.select)
+    if emit:
+        emit(RunEndEvent(session_id=ctx.session_id, run_id=ctx.run_id, item_index=ctx.item_index,
+                         status="error" if error else "interrupted" if pending else "complete",
+                         error=error, outputs=state.outputs(),
+                         duration_ms=(time.perf_counter() - t0) * 1e3))
+
+
+def _keep_history(result: RunsResult, i: int, history: list[NodeExecution],
+                  select: tuple[str, ...] | None) -> None:
+    """Item ``i``'s executions into ``result``: its history (with the outputs the map
+    returns), the counts, and what each call metered (the usage path every result takes)."""
+    for execution in history:
+        if select is not None:
+            execution.outputs = {k: v for k, v in execution.outputs.items() if k in select}
+        if execution.cached:
+            result.hits += 1
+            continue
+        result.executed += 1
+        name = execution.node_id
+        result.calls[name] = result.calls.get(name, 0) + 1
+        if execution.usage:
+            add_usage(result.usage.setdefault(name, {}).setdefault(i, {}), execution.usage)
+    result.histories[i] = history
+
+
 def _fail(exc: BaseException, settings: BatchSettings) -> BaseException:
     if settings.on_error == "raise":
         raise exc
     return portable(exc)
 
-
-# ============================================================================ columnar

@@ -19,8 +19,8 @@ from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.results import NodeExecution
 
-__all__ = ["MapJob", "Chunk", "BatchSettings", "BatchResult", "Sink", "NOT_RUN", "RAN", "HIT",
-           "TimedSpan", "Paused"]
+__all__ = ["MapJob", "Chunk", "BatchSettings", "BatchResult", "ColumnarResult", "RunsResult",
+           "Sink", "NOT_RUN", "RAN", "HIT", "TimedSpan", "Paused"]
 
 NOT_RUN, RAN, HIT = 0, 1, 2
 
@@ -82,46 +82,29 @@ class Chunk:
 
 @dataclass
 class BatchResult:
-    """The outcome of one batch, columnar: what the driver turns into ``GraphResult``s."""
+    """The outcome of one batch: what the driver turns into ``GraphResult``s. One type per
+    shape: ``ColumnarResult`` (the columnar strategy and the item flow: a code per node and
+    item) and ``RunsResult`` (the reactive scheduler: each item's history)."""
 
     offset: int
     n: int
     outputs: dict[str, list[Any]]  # selected output columns, MISSING where an item has none
     errors: dict[int, BaseException] = field(default_factory=dict)  # local index -> error
-    order: tuple[str, ...] = ()  # columnar: node order; codes[name][i] says NOT_RUN/RAN/HIT
-    codes: dict[str, bytearray] = field(default_factory=dict)
-    histories: list[list[NodeExecution]] | None = None  # per-item strategy
     events: list[Event] = field(default_factory=list)
     executed: int = 0
     hits: int = 0
     worker: str = ""
     run_prefix: str = ""
-    # columnar: when each node's calls ran (``calls.py``), for the items' history
-    times: dict[str, tuple[Sequence[int], list[TimedSpan]]] = field(default_factory=dict)
-    clock: float = 0.0  # wall-clock seconds = perf_counter reading + clock
-    started: float = 0.0  # the batch's start (wall clock): when its cache hits were read
-    node_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     paused: dict[int, Paused] = field(default_factory=dict)  # items paused at an interrupt
     # node -> local item (-1: the node's calls together) -> what it metered
     usage: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
-    calls: dict[str, int] = field(default_factory=dict)  # batch nodes: function calls made
+    calls: dict[str, int] = field(default_factory=dict)  # node -> calls made (batch nodes:
+    # function calls; the others: executions that ran)
 
     def usage_totals(self) -> dict[str, dict[str, float]]:
         """Per node: ``calls`` (executions that ran; batch nodes: function calls) and the sum
         of every metered quantity (``MapResult.usage``)."""
-        totals: dict[str, dict[str, float]] = {}
-        if self.histories is not None:
-            for history in self.histories:
-                for ex in history:
-                    if not ex.cached:
-                        total = totals.setdefault(ex.node_id, {"calls": 0})
-                        total["calls"] += 1
-                        add_usage(total, ex.usage)
-            return totals
-        for name, codes in self.codes.items():
-            ran = self.calls.get(name, codes.count(RAN))
-            if ran:
-                totals[name] = {"calls": ran}
+        totals = {name: {"calls": ran} for name, ran in self.calls.items() if ran}
         for name, per_item in self.usage.items():
             total = totals.setdefault(name, {"calls": 0})
             for usage in per_item.values():
@@ -134,8 +117,47 @@ class BatchResult:
     def history_of(self, i: int) -> list[NodeExecution]:
         """Item ``i``'s executions in plan order: outputs (those the map returns), start,
         duration and worker like ``run()``'s history (a cache hit took no time)."""
-        if self.histories is not None:
-            return self.histories[i]
+        raise NotImplementedError
+
+    def drop_outputs(self, i: int) -> None:
+        """Item ``i`` failed after it ran (e.g. an output that does not pickle): its outputs
+        go, from its columns and its history."""
+        for col in self.outputs.values():
+            col[i] = MISSING
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {k: col[i] for k, col in self.outputs.items() if col[i] is not MISSING}
+
+
+@dataclass
+class RunsResult(BatchResult):
+    """A batch the reactive scheduler ran item by item: each item's history as it ran."""
+
+    histories: list[list[NodeExecution]] = field(default_factory=list)
+
+    def history_of(self, i: int) -> list[NodeExecution]:
+        return self.histories[i]
+
+    def drop_outputs(self, i: int) -> None:
+        super().drop_outputs(i)
+        for execution in self.histories[i]:
+            execution.outputs = {}
+
+
+@dataclass
+class ColumnarResult(BatchResult):
+    """A batch run node by node (columnar) or item by item under a window (item flow):
+    ``codes[name][i]`` says NOT_RUN/RAN/HIT; histories are built when read."""
+
+    order: tuple[str, ...] = ()  # node order
+    codes: dict[str, bytearray] = field(default_factory=dict)
+    # when each node's calls ran (``calls.py``), for the items' history
+    times: dict[str, tuple[Sequence[int], list[TimedSpan]]] = field(default_factory=dict)
+    clock: float = 0.0  # wall-clock seconds = perf_counter reading + clock
+    started: float = 0.0  # the batch's start (wall clock): when its cache hits were read
+    node_outputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def history_of(self, i: int) -> list[NodeExecution]:
         history = []
         for step, name in enumerate(n for n in self.order if self.codes[n][i]):
             hit = self.codes[name][i] == HIT
@@ -175,10 +197,6 @@ class BatchResult:
         if index is None:
             index = where[name] = {p: k for k, p in enumerate(positions)}
         return index.get(i, -1)
-
-    def row(self, i: int) -> dict[str, Any]:
-        return {k: col[i] for k, col in self.outputs.items() if col[i] is not MISSING}
-
 
 
 Sink = Callable[[BatchResult], None]

@@ -94,11 +94,7 @@ def _drop_unpicklable(result: BatchResult, plan: Plan, settings: BatchSettings) 
             if settings.on_error == "raise":
                 raise error
             result.errors[i] = error
-            for col in result.outputs.values():
-                col[i] = MISSING
-            if result.histories is not None:
-                for execution in result.histories[i]:
-                    execution.outputs = {}
+            result.drop_outputs(i)
 
 
 def _scrub_events(events: Iterable[Any]) -> None:
