@@ -23,6 +23,8 @@ __all__ = ["MapJob", "Chunk", "BatchSettings", "BatchResult", "ColumnarResult", 
            "Sink", "NOT_RUN", "RAN", "HIT", "TimedSpan", "Paused"]
 
 NOT_RUN, RAN, HIT = 0, 1, 2
+_IS_RAN = bytes(int(code == RAN) for code in range(256))  # per-item code -> 1 if it ran
+_IS_HIT = bytes(int(code == HIT) for code in range(256))
 
 
 class TimedSpan(NamedTuple):
@@ -119,6 +121,10 @@ class BatchResult:
         duration and worker like ``run()``'s history (a cache hit took no time)."""
         raise NotImplementedError
 
+    def all_hits(self) -> int:
+        """How many items took every node from the cache (none ran)."""
+        raise NotImplementedError
+
     def drop_outputs(self, i: int) -> None:
         """Item ``i`` failed after it ran (e.g. an output that does not pickle): its outputs
         go, from its columns and its history."""
@@ -137,6 +143,9 @@ class RunsResult(BatchResult):
 
     def history_of(self, i: int) -> list[NodeExecution]:
         return self.histories[i]
+
+    def all_hits(self) -> int:
+        return sum(1 for h in self.histories if h and all(ex.cached for ex in h))
 
     def drop_outputs(self, i: int) -> None:
         super().drop_outputs(i)
@@ -169,6 +178,13 @@ class ColumnarResult(BatchResult):
                                          duration_ms=duration, started_at=started,
                                          worker=self.worker, usage=usage))
         return history
+
+    def all_hits(self) -> int:
+        ran = hit = 0  # one bit per item, as ints (no Python loop over the items)
+        for codes in self.codes.values():
+            ran |= int.from_bytes(codes.translate(_IS_RAN), "little")
+            hit |= int.from_bytes(codes.translate(_IS_HIT), "little")
+        return (hit & ~ran).bit_count()
 
     def _time_of(self, name: str, i: int) -> tuple[float, float]:
         """``(started_at, duration_ms)`` of item ``i``'s call of ``name``: its own reading,

@@ -8,7 +8,7 @@ from typing import Any
 from hypernodes_dist.cache.base import Cache, prepare_cache
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.events import wants_events
-from hypernodes_dist.execution.job import HIT, RAN, BatchResult, BatchSettings, MapJob
+from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
@@ -20,8 +20,6 @@ from hypernodes_dist.run.stops import Kept, is_budget
 
 __all__ = ["run_map", "MapCollector", "reject_interrupts"]
 
-_IS_RAN = bytes(int(code == RAN) for code in range(256))  # per-item code -> 1 if it ran
-_IS_HIT = bytes(int(code == HIT) for code in range(256))
 
 
 def run_map(
@@ -116,18 +114,7 @@ class MapCollector(Tally):
             else:
                 results.extend([from_row(b, i, session) for i in range(b.n)])
         return MapResult(results, columns=lambda: _columns(batches), session_id=session,
-                         usage=self.usage, resumed=sum(map(_all_hits, batches)))
-
-
-def _all_hits(batch: BatchResult) -> int:
-    """How many of ``batch``'s items took every node from the cache (none ran)."""
-    if batch.histories is not None:
-        return sum(1 for h in batch.histories if h and all(ex.cached for ex in h))
-    ran = hit = 0  # one bit per item, as ints (no Python loop over the items)
-    for codes in batch.codes.values():
-        ran |= int.from_bytes(codes.translate(_IS_RAN), "little")
-        hit |= int.from_bytes(codes.translate(_IS_HIT), "little")
-    return (hit & ~ran).bit_count()
+                         usage=self.usage, resumed=sum(b.all_hits() for b in batches))
 
 
 def _columns(batches: list[BatchResult]) -> dict[str, list[Any]]:
