@@ -10,9 +10,9 @@ A backend hands out four kinds of objects, one per key (a node's limit, a map's 
 
 ``machine.MachineLimits`` (every process of one machine) is the default; an engine whose
 workers span machines registers its own (``limits.register_backend``: ``hypernodes_dask``'s
-``DistributedLimits``); ``memory.MemoryLimits`` serves one process (tests, and the model of
-a backend in 60 lines). The process side of each limit (units held, calls waiting, blocks of
-start times) is ``limits.py``'s: a backend only keeps the shared state.
+``DistributedLimits``); ``memory.MemoryLimits`` serves one process (tests, and the model
+of a backend in one short module). The process side of each limit (units held, calls
+waiting, blocks of start times) is ``limits.py``'s: a backend only keeps the shared state.
 """
 
 from __future__ import annotations
@@ -88,4 +88,6 @@ class LimitsBackend(Protocol):
 
     def rate(self, key: str, count: float, per: float) -> RateStore: ...
 
-    def shared(self, key: str) -> SharedValue: ...
+    def shared(self, key: str) -> SharedValue:
+        """(A backend registered without it gets this machine's shared values.)"""
+        ...
