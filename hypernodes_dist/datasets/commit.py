@@ -14,8 +14,11 @@ returns rows ``a .. b`` of the part as an Arrow table of the output schema and t
   that did not finish (refused by a budget; failed under ``on_error="raise"``) are left
   out and the others written around them, and the map stops (``stop.MapStop``: no new
   step starts on any worker; the driver raises once all is written);
-- **commits**: finished steps wait in memory in a ``PartPipeline``; its writer thread
-  writes them once the oldest step *started* half of ``commit_seconds`` ago (its rows
+- **commits**: the commit time is ``commit_seconds`` at most, and below it what a file is
+  worth: ``FILE_WORK`` times the measured time of writing one (``PAID_FILE_WORK`` times
+  once the rows meter usage: paid rows are worth more than small files), ``MIN_COMMIT``
+  at least. Finished steps wait in memory in a ``PartPipeline``; its writer thread
+  writes them once the oldest step *started* half of the commit time ago (its rows
   may have finished since then), or when the part's last step is done (a part computed
   within that time is one file, ``part-000042.parquet``; otherwise range files, one per
   run of consecutive rows). So a row that finished more than ``commit_seconds`` ago is
@@ -48,9 +51,12 @@ __all__ = ["run_parts", "PartPipeline", "Steps", "Compute", "COMMIT_SECONDS", "k
 COMMIT_SECONDS = 30.0
 HOLD = 0.5  # finished rows wait at most this share of the commit time before their write
 STEP = 0.25  # a step aims at this share of the commit time
-# the commit time: FILE_WORK times what writing a file costs (files take at most ~1% of a
-# worker's time), within MIN_COMMIT .. commit_seconds; MIN_COMMIT until a file is measured
+# the commit time, within MIN_COMMIT .. commit_seconds (MIN_COMMIT until a file is
+# measured): FILE_WORK times what writing a file costs (files take ~1% of a worker's
+# time); for rows that metered usage (paid API calls, worth more than any file) only
+# PAID_FILE_WORK times (the writer keeps up: a file is written while the next is held)
 FILE_WORK = 100.0
+PAID_FILE_WORK = 2.0
 MIN_COMMIT = 2.0
 FIRST_STEP = 16  # rows of a worker's first step (nothing measured yet)
 GROWTH = 8  # a step is at most this many times the previous one
@@ -115,6 +121,7 @@ class PartPipeline:
         self.out = out
         self.bound = commit_seconds
         self.commit = min(MIN_COMMIT, commit_seconds)  # the commit time now
+        self.paid = False  # rows metered usage (paid calls)
         self._cond = threading.Condition()
         self._held: dict[int, _Held] = {}
         self._written: list[PartReport] = []
@@ -178,9 +185,10 @@ class PartPipeline:
 
     def _measured(self, seconds: float, files: int) -> None:
         """A write of ``files`` files took ``seconds``: the commit time that makes files
-        cost about 1/FILE_WORK of the work they hold, within MIN_COMMIT .. the bound."""
+        cost about 1/FILE_WORK of the work they hold (1/PAID_FILE_WORK for paid rows),
+        within MIN_COMMIT .. the bound."""
         if files:
-            per_file = FILE_WORK * seconds / files
+            per_file = (PAID_FILE_WORK if self.paid else FILE_WORK) * seconds / files
             self.commit = min(self.bound, max(min(MIN_COMMIT, self.bound), per_file))
 
     def _raise(self) -> None:
@@ -302,6 +310,7 @@ def run_part(pipe: PartPipeline, part: Part, compute: Compute, steps: Steps,
                 t0, since = time.perf_counter(), time.monotonic()
                 table, done = compute(a, b)
                 steps.record(b - a, time.perf_counter() - t0)
+                pipe.paid = pipe.paid or any(len(u) > 1 for u in done.usage.values())
                 _hand_over(pipe, part, a, table, done, since)
                 for r in pipe.take():
                     report(r)
