@@ -24,6 +24,10 @@ Prints a table and writes ``benchmarks/results/paid_api.json``.
 nothing, the node without ``rate_limit`` and with one it never reaches (``LOOSE``), five
 alternating rounds each (``results/paid_api_nonbinding.json``): what declaring a limit costs
 when it does not bind.
+
+``bench_paid_api.py retryafter [--rows 5000] [--engines ...]``: the row "no limits, no
+headers, 429 + Retry-After only" (a server stating no ``x-ratelimit-*`` headers, the node
+declaring no rate limit; ``results/paid_api_retryafter.json``).
 """
 
 from __future__ import annotations
@@ -235,6 +239,26 @@ def main(rows: int, engines: list[str], undeclared: bool = True) -> dict[str, An
     }
 
 
+def main_retryafter(rows: int, engines: list[str]) -> dict[str, Any]:
+    """Issue 33's "no limits, no headers, 429 + Retry-After only": the server states no
+    ``x-ratelimit-*`` headers; the node declares no rate limit (``classify_undeclared``):
+    only the shared Retry-After hold-off and the shared AIMD back-off pace it."""
+    texts = [f"review {i}: " + "fine " * (i % 9) + "value" for i in range(rows)]
+    load_before = os.getloadavg()[0]
+    out: list[dict[str, Any]] = []
+    with LLMServer(latency=(0.010, 0.030), rpm=REQUESTS, tpm=TOKENS, window_seconds=WINDOW,
+                   headers=False) as server:
+        for label in engines:
+            out.append({"run": f"ours: {label}, no limits, no headers, 429 + Retry-After only",
+                        "rows": rows, **run_ours(label, server, texts, classify_undeclared)})
+            print(out[-1], flush=True)
+    return {"machine": machine(load_before, openai=openai.__version__),
+            "workload": {"rows": rows, "latency_ms": [10, 30], "window_seconds": WINDOW,
+                         "requests_per_window": REQUESTS, "tokens_per_window": TOKENS,
+                         "concurrency": CONCURRENCY, "headers": False},
+            "rows": out}
+
+
 def main_nonbinding(rows: int, engines: list[str]) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     out = []
@@ -251,6 +275,10 @@ if __name__ == "__main__" and sys.argv[1:2] == ["nonbinding"]:
     sys.argv.pop(1)
     engines_cli(__doc__ or "", main_nonbinding, NB_COLUMNS, RESULTS, "paid_api_nonbinding",
                 20_000, ["local"], list(SETUPS))
+elif __name__ == "__main__" and sys.argv[1:2] == ["retryafter"]:
+    sys.argv.pop(1)
+    engines_cli(__doc__ or "", main_retryafter, COLUMNS, RESULTS, "paid_api_retryafter", 5_000,
+                ["local", "dask-processes", "daft-native"], list(SETUPS))
 elif __name__ == "__main__":
     engines_cli(__doc__ or "", main, COLUMNS, RESULTS, "paid_api", 5_000,
                 ["local", "dask-processes", "daft-native"], list(SETUPS))
