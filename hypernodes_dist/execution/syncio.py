@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import threading
 from collections.abc import Awaitable, Coroutine, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from hypernodes_dist.perprocess import PROCESS
 
 __all__ = ["run_sync", "on_process_loop", "process_loop", "in_process_loop", "call_on_loop",
            "gather_tasks"]
@@ -175,5 +176,4 @@ def _forget_after_fork() -> None:
     _loop, _thread, _lock = None, None, threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+PROCESS.register("execution.syncio", _forget_after_fork)  # forgotten in a forked child

@@ -16,11 +16,11 @@ off together can never hold the shared limit's units among them and starve each 
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from typing import Any
 
+from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.policies.backend import SharedValue
 from hypernodes_dist.policies.limits import Slots, backend, shared
 
@@ -179,5 +179,4 @@ def _forget_in_child() -> None:
     _BACKOFFS.clear()
 
 
-if hasattr(os, "register_at_fork"):  # a forked child's places start anew (no calls of its own)
-    os.register_at_fork(after_in_child=_forget_in_child)
+PROCESS.register("policies.aimd", _forget_in_child)  # forgotten in a forked child

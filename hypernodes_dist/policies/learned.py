@@ -18,12 +18,12 @@ limit of ``N`` is paced as a token bucket refilled continuously at ``N/period`` 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from datetime import datetime
 from typing import Any
 
+from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.policies.limits import shared
 
 __all__ = ["Learned", "learned_for", "watch", "read_headers", "period_of", "PUBLISH"]
@@ -178,5 +178,4 @@ def _forget_in_child() -> None:
     _LOCK = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
+PROCESS.register("policies.learned", _forget_in_child)  # forgotten in a forked child

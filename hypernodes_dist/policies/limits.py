@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, overload
 
+from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.policies.backend import LimitsBackend, RateStore, Semaphore, SharedValue
 from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 
@@ -394,5 +394,4 @@ def _forget_in_child() -> None:
     _LIMITERS_LOCK = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
+PROCESS.register("policies.limits", _forget_in_child)  # forgotten in a forked child

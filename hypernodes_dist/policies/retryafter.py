@@ -9,9 +9,9 @@ the cluster on ``distributed``), read at most every ``REFRESH`` seconds per proc
 from __future__ import annotations
 
 import math
-import os
 import time
 
+from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.policies.backend import SharedValue
 from hypernodes_dist.policies.limits import shared
 from hypernodes_dist.policies.signals import retry_after
@@ -64,5 +64,4 @@ def holdoff_for(name: str) -> HoldOff:
     return found
 
 
-if hasattr(os, "register_at_fork"):  # a forked child reads the store afresh
-    os.register_at_fork(after_in_child=_HOLDOFFS.clear)
+PROCESS.register("policies.retryafter", _HOLDOFFS.clear)  # forgotten in a forked child

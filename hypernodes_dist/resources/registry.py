@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import multiprocessing.util
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from typing import Any
 from hypernodes_dist.errors import ResourceError
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.syncio import call_on_loop, in_process_loop, process_loop
+from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.resources.declare import Resource
 
 __all__ = ["Registry", "REGISTRY", "release_resources", "FAILED_SECONDS"]
@@ -234,4 +234,4 @@ def _forget_after_fork() -> None:
     REGISTRY = Registry()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+PROCESS.register("resources", _forget_after_fork)  # forgotten in a forked child

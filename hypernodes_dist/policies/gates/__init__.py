@@ -9,9 +9,9 @@ for none. A new concern is a module here and a line in ``_build``.
 
 from __future__ import annotations
 
-import os
 import threading
 
+from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.gates.base import Entry, Gate, Host
 from hypernodes_dist.policies.gates.budget import BudgetGate
@@ -64,5 +64,4 @@ def _forget_in_child() -> None:
     _LOCK = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
+PROCESS.register("policies.gates", _forget_in_child)  # forgotten in a forked child
