@@ -14,6 +14,7 @@ from hypernodes_bench.batch_server import DEFAULTS as BATCH_DEFAULTS
 from hypernodes_bench.batch_server import BatchServer
 from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist.policies.machine import remove_semaphores
+from tests.reliability import figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -41,6 +42,29 @@ def pytest_unconfigure(config) -> None:
     """Semaphores outlive their processes: remove this process's, then its limits folder."""
     remove_semaphores(LIMITS_DIR)
     shutil.rmtree(LIMITS_DIR, ignore_errors=True)
+
+
+WORKER_FIGURES: list[dict] = []  # the reliability figures each xdist worker sent back
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its reliability figures to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["reliability"] = figures.collect()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    WORKER_FIGURES.append(getattr(node, "workeroutput", {}).get("reliability", {}))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The reliability suite's figures, summed over the workers (or of this process)."""
+    found = figures.lines(figures.merge(WORKER_FIGURES or [figures.collect()]))
+    if found:
+        terminalreporter.write_sep("-", "reliability figures")
+        for line in found:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

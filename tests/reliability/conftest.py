@@ -4,7 +4,6 @@ on 127.0.0.1, started by the test and always cleaned up (terminate, then kill)."
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,26 +64,3 @@ def start_cluster(tmp_path: Path) -> Iterator:
         yield start
     finally:
         stop(started)
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The suite's figures: worker kills survived, bad inputs tried, cache writes lost."""
-    mods = {name: sys.modules.get(f"tests.reliability.{name}") for name in
-            ("test_dask_kills", "test_bad_inputs", "test_concurrent_writers", "test_cache_faults")}
-    if not any(mods.values()):
-        return
-    lines = []
-    if mods["test_dask_kills"] is not None:
-        lines.append(f"worker processes killed and survived: {len(mods['test_dask_kills'].KILLS)}")
-    if mods["test_cache_faults"] is not None:
-        killed = sum(mods["test_cache_faults"].KILLED_WRITERS)
-        lines.append(f"cache writer processes SIGKILLed mid-write: {killed}")
-    if mods["test_bad_inputs"] is not None:
-        tried = mods["test_bad_inputs"].TRIED
-        lines.append("bad-input examples tried: " + (
-            ", ".join(f"{k}={v}" for k, v in tried.items()) or "0"))
-    if mods["test_concurrent_writers"] is not None and mods["test_concurrent_writers"].LOST:
-        lines.append(f"cache writes lost under concurrency: {mods['test_concurrent_writers'].LOST}")
-    terminalreporter.write_sep("-", "reliability figures")
-    for line in lines:
-        terminalreporter.write_line(line)
