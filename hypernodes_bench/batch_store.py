@@ -101,7 +101,8 @@ class Shuffled:
     """Writes lines in blocks of 64, each block reversed: any order, streamed."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.file, self.block, self.lines = path, path.open("wb"), [], 0
+        self.path, self.file, self.lines = path, path.open("wb"), 0
+        self.block: list[bytes] = []
 
     def add(self, line: dict[str, Any]) -> None:
         self.block.append(COMPACT.encode(line).encode() + b"\n")
@@ -185,7 +186,8 @@ def _json_line(raw: bytes) -> tuple[str | None, Any]:
 def scan(rec: BatchRec, cfg: dict[str, Any], received: dict[int, int]) -> Scan:
     """Read a batch's input: validate it (OpenAI's per-file rules), count its tokens, key
     its requests and pick the fate of the ones with markers."""
-    out, ids, inputs = Scan(), set(), 0
+    out, inputs = Scan(), 0
+    ids: set[str] = set()
     size = rec.input_path.stat().st_size
     if rec.provider == "openai" and size > cfg["max_bytes"]:
         out.errors.append(_err("file_too_large", f"The input file is {size} bytes, larger "
@@ -228,7 +230,8 @@ def _check_line(rec: BatchRec, obj: dict[str, Any], body: Any, ids: set[str], ou
     elif cid in ids:
         out.errors.append(_err("duplicate_custom_id", f"The custom_id {cid!r} is used by "
                                "more than one request of this file.", line))
-    ids.add(cid)
+    if isinstance(cid, str):
+        ids.add(cid)
     if obj.get("method") != "POST" or obj.get("url") != rec.endpoint:
         out.errors.append(_err("mismatched_endpoint", f"The url {obj.get('url')!r} does not "
                                f"match the batch's endpoint {rec.endpoint!r}.", line))

@@ -203,7 +203,8 @@ def portable(exc: BaseException) -> BaseException:
         return exc
     state = _portable_state(exc)
     if state is not None:
-        exc.__reduce_ex__ = _by_state(type(exc), exc.args, state)  # type: ignore[method-assign]
+        # this instance pickles by state (pickle looks __reduce_ex__ up on the instance)
+        exc.__reduce_ex__ = _by_state(type(exc), exc.args, state)  # type: ignore[method-assign, assignment]
         if _round_trips(exc):
             return exc
         del exc.__reduce_ex__

@@ -187,6 +187,6 @@ def _line_result(raw: bytes) -> LineResult:
         return LineResult(cid, CANCELLED, message="canceled")
     body = result.get("error") or {}
     error = body.get("error") or {}
-    status = ERROR_STATUS.get(error.get("type"), 500)
+    status = ERROR_STATUS.get(str(error.get("type")), 500)
     kind = kind_of_status(status) if kind == "errored" else SERVER_ERROR
     return LineResult(cid, kind, status, body, str(error.get("message", "")))

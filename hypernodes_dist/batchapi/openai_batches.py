@@ -189,5 +189,5 @@ def _line_result(raw: bytes) -> LineResult:
         message = (err or {}).get("message", "") if isinstance(err, dict) else ""
         return LineResult(cid, kind_of_status(status), status, body, message)
     error = error or {}
-    return LineResult(cid, _LINE_ERRORS.get(error.get("code"), SERVER_ERROR), None, None,
+    return LineResult(cid, _LINE_ERRORS.get(str(error.get("code")), SERVER_ERROR), None, None,
                       f"{error.get('code')}: {error.get('message', '')}")

@@ -16,6 +16,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
+from types import FrameType
 from typing import NamedTuple
 
 from hypernodes_dist.errors import BudgetExceededError, MapStoppedWarning
@@ -113,7 +114,8 @@ _OURS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside this package (and ``contextlib``)."""
-    frame, level = sys._getframe(2), 2  # emit's caller
+    frame: FrameType | None = sys._getframe(2)  # emit's caller
+    level = 2
     while frame is not None and frame.f_code.co_filename.startswith(_OURS):
         frame, level = frame.f_back, level + 1
     return level
