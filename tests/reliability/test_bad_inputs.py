@@ -54,7 +54,7 @@ from hypernodes_dist.errors import GraphBuildError, GraphInputError  # noqa: E40
 
 from . import graphs as R  # noqa: E402
 
-TRIED: dict[str, int] = {}  # examples run per property (reported by test_report_figures)
+TRIED: dict[str, int] = {}  # examples run per property (printed at the end: figures.py)
 
 NAMES = ("a", "b", "c", "step")
 

@@ -12,7 +12,7 @@ file extends it to what production clusters see:
 - the same poison node on ``scheduler="processes"``: a ``NodeError`` naming the items in
   flight instead of a bare ``BrokenProcessPool``; the pool is rebuilt for the next map.
 
-``KILLS`` counts the worker kills the suite survived (reported by ``test_report_figures``).
+``KILLS`` counts the worker kills the suite survived (printed at the end: ``figures.py``).
 """
 
 from __future__ import annotations
