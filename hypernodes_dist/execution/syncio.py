@@ -8,6 +8,13 @@ call of the process runs there, whoever asks (successive ``map()``s, Dask thread
 async UDFs, a ``map()`` inside a running loop as in Jupyter, ``arun()``), so a loop-bound
 client (an ``httpx``/``openai`` async client, an ``aiohttp`` session) built once is valid
 for every later call. A forked child starts its own loop on first use.
+
+Other threads touch that loop without asking: an ``openai`` client's finalizer closes its
+connections from whichever loop runs the garbage collection (a notebook's), resolving the
+process loop's futures and scheduling its transport callbacks with plain ``call_soon``.
+asyncio's loop does not wake for those: it sleeps in ``select`` with them queued until some
+I/O comes, for ever if its callers wait on them. The process loop (``_ProcessLoop``) wakes
+whenever a callback or timer is scheduled from another thread.
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ from typing import Any, TypeVar
 
 from hypernodes_dist.perprocess import PROCESS
 
-__all__ = ["run_sync", "on_process_loop", "process_loop", "in_process_loop", "call_on_loop",
-           "gather_tasks"]
+__all__ = ["run_sync", "on_process_loop", "process_loop", "started_loop", "in_process_loop",
+           "call_on_loop", "gather_tasks"]
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -97,12 +104,18 @@ def process_loop() -> asyncio.AbstractEventLoop:
     with _lock:
         if _loop is None or _loop.is_closed():
             ready = threading.Event()
-            _loop = asyncio.new_event_loop()
+            _loop = _ProcessLoop()
             _thread = threading.Thread(target=_serve, args=(_loop, ready), daemon=True,
                                        name="hypernodes-loop")
             _thread.start()
             ready.wait()
         return _loop
+
+
+def started_loop() -> asyncio.AbstractEventLoop | None:
+    """The process loop if it runs, without starting one."""
+    loop = _loop
+    return loop if loop is not None and loop.is_running() else None
 
 
 def in_process_loop() -> bool:
@@ -116,6 +129,28 @@ def call_on_loop(awaitable: Awaitable[T], timeout: float | None = None) -> T:
         return await awaitable
 
     return _submit(wrap()).future.result(timeout)
+
+
+class _ProcessLoop(asyncio.SelectorEventLoop):
+    """asyncio's selector loop, woken when another thread schedules a callback or a timer
+    with the non-threadsafe ``call_soon``/``call_at`` (a future resolved there, a transport
+    closed there): asyncio would leave it asleep in ``select`` until some I/O came."""
+
+    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        handle = super().call_soon(callback, *args, context=context)
+        self._wake_from_elsewhere()
+        return handle
+
+    def call_at(self, when: float, callback: Any, *args: Any,
+                context: Any = None) -> asyncio.TimerHandle:
+        timer = super().call_at(when, callback, *args, context=context)
+        self._wake_from_elsewhere()
+        return timer
+
+    def _wake_from_elsewhere(self) -> None:
+        running = self._thread_id  # type: ignore[attr-defined]
+        if running is not None and running != threading.get_ident():
+            self._write_to_self()  # type: ignore[attr-defined]
 
 
 class _Handle:

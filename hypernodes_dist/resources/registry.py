@@ -7,11 +7,17 @@ with, and, for async resources, the event loop it was built on (the process loop
 Dask worker, coroutines of one loop) wait for the one build. A failed build is remembered
 for ``FAILED_SECONDS``: the calls meanwhile fail at once with the same ``ResourceError``
 instead of building again per item. A forked child starts with an empty registry.
+
+At close the torn-down values are let go on the process loop and collected there: the
+finalizer of a loop-bound client (``openai``'s closes its connections on the running loop)
+then runs on the loop its connections belong to, never later under another thread's loop
+(a notebook's ``asyncio.run``), which would close them from the wrong thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import multiprocessing.util
 import threading
@@ -22,7 +28,12 @@ from typing import Any
 
 from hypernodes_dist.errors import ResourceError
 from hypernodes_dist.execution.context import worker_id
-from hypernodes_dist.execution.syncio import call_on_loop, in_process_loop, process_loop
+from hypernodes_dist.execution.syncio import (
+    call_on_loop,
+    in_process_loop,
+    process_loop,
+    started_loop,
+)
 from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.resources.declare import Resource
 
@@ -30,6 +41,7 @@ __all__ = ["Registry", "REGISTRY", "release_resources", "FAILED_SECONDS"]
 
 FAILED_SECONDS = 5.0  # a failed build is not retried in this process for this long
 TEARDOWN_SECONDS = 30.0  # the longest an async teardown may take at close
+RELEASE_SECONDS = 5.0  # the longest close waits for the loop to collect torn-down values
 
 
 @dataclass
@@ -162,6 +174,30 @@ class Registry:
             self.awaiting.clear()
         for entry in entries:
             _teardown(entry)
+        if entries:
+            del entry
+            _release(entries)
+
+
+def _release(entries: list[Entry]) -> None:
+    """Drop the last references to torn-down values on the process loop, collect there."""
+    def collect() -> None:
+        entries.clear()
+        gc.collect()
+
+    if started_loop() is None:  # nothing can be bound to a process loop
+        return
+    if in_process_loop():
+        collect()
+        return
+
+    async def on_loop() -> None:
+        collect()
+
+    try:
+        call_on_loop(on_loop(), RELEASE_SECONDS)
+    except Exception:  # noqa: S110 - a slow collection never breaks a close
+        pass
 
 
 def _build_sync(res: Resource, inputs: Mapping[str, Any]) -> Entry:
