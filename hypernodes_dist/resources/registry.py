@@ -8,10 +8,13 @@ Dask worker, coroutines of one loop) wait for the one build. A failed build is r
 for ``FAILED_SECONDS``: the calls meanwhile fail at once with the same ``ResourceError``
 instead of building again per item. A forked child starts with an empty registry.
 
-At close the torn-down values are let go on the process loop and collected there: the
-finalizer of a loop-bound client (``openai``'s closes its connections on the running loop)
-then runs on the loop its connections belong to, never later under another thread's loop
-(a notebook's ``asyncio.run``), which would close them from the wrong thread.
+At close, after the teardowns, a value left open that has an ``aclose()``/``close()``
+coroutine (an ``openai``/``httpx`` async client the resource built) is closed on the
+process loop, then every value is let go and collected there. Left to the garbage
+collector, such a client's sockets are freed by their transports' finalizers and then its
+own finalizer schedules ``aclose()``, which unregisters those socket numbers from the loop:
+by then they belong to new connections, whose answers the loop never sees (issue 34's map
+that never returned).
 """
 
 from __future__ import annotations
@@ -180,23 +183,35 @@ class Registry:
 
 
 def _release(entries: list[Entry]) -> None:
-    """Drop the last references to torn-down values on the process loop, collect there."""
-    def collect() -> None:
-        entries.clear()
-        gc.collect()
-
+    """Close the torn-down values left open on the process loop, then let go of them and
+    collect there (see the module doc)."""
     if started_loop() is None:  # nothing can be bound to a process loop
-        return
-    if in_process_loop():
-        collect()
         return
 
     async def on_loop() -> None:
-        collect()
+        for entry in entries:
+            await _close_left_open(entry)
+        entry = None  # noqa: F841 - no reference of ours left for the collection
+        entries.clear()
+        gc.collect()
 
+    if in_process_loop():  # cannot wait for the loop from its own thread
+        return
     try:
         call_on_loop(on_loop(), RELEASE_SECONDS)
-    except Exception:  # noqa: S110 - a slow collection never breaks a close
+    except Exception:  # noqa: S110 - a slow close never breaks a close
+        pass
+
+
+async def _close_left_open(entry: Entry) -> None:
+    """Await the ``aclose()``/``close()`` coroutine of a value its teardown left open."""
+    value = entry.value
+    close = getattr(value, "aclose", None) or getattr(value, "close", None)
+    if not inspect.iscoroutinefunction(close) or getattr(value, "is_closed", False) is True:
+        return
+    try:
+        await close()
+    except Exception:  # noqa: S110 - a failing close never breaks a close
         pass
 
 
