@@ -16,8 +16,11 @@ import pytest
 
 from tests.conformance.engines_daft import RAY_MODULES
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                reason="ray is not installed (pip install 'daft[ray]')")
+pytestmark = [
+    pytest.mark.slow,  # about 100 s: started first under xdist
+    pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                       reason="ray is not installed (pip install 'daft[ray]')"),
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
