@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import add, mul, sub
@@ -223,7 +223,7 @@ class NodeColumns:
     items: Sequence[int]
     starts: Sequence[float] | None
     ends: Sequence[float] | None
-    outputs: dict[str, Sequence[Any]]
+    outputs: Mapping[str, Sequence[Any]]
     usage: Sequence[dict[str, float] | None] | None = None  # per execution: what it metered
 
 

@@ -147,7 +147,7 @@ class PartTask:
         arrays = {f.name: self._output_array(f, outputs[f.name], offset, errors)
                   for f in self.computed_fields if f.name in outputs}
         arrays[ROW_COLUMN] = pa.array(range(offset, offset + n), pa.int64())
-        texts = [None] * n
+        texts: list[str | None] = [None] * n
         for i, exc in errors.items():
             texts[i] = error_text(exc)
         arrays[ERROR_COLUMN] = pa.array(texts, pa.string())

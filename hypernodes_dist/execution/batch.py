@@ -80,7 +80,8 @@ async def _per_item(
     running: dict[str, Any] | None = {} if keys is not None and plan.is_async else None
     emit = result.events.append if settings.want_events else None
     ticks = ticker(settings.progress) if settings.progress is not None else None
-    finished, metered = 0, {}
+    finished = 0
+    metered: dict[str, float] = {}
 
     async def one(i: int) -> None:
         nonlocal finished

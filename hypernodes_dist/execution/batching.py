@@ -99,7 +99,7 @@ OnCall = Callable[[Sequence[int], list[Any], float, float], None]
 Done = tuple[list[Any], float, float]  # a call's values, start and end
 
 
-async def call_column(node: HyperNode, todo: Sequence[int], its: list[Iterable[Any]],
+async def call_column(node: HyperNode, todo: Sequence[int], its: Sequence[Iterable[Any]],
                       guard: Guard | None, first: int, limit: int | None,
                       on_call: OnCall, keys: Sequence[str] | None = None,
                       scope: str = "") -> None:
@@ -210,7 +210,9 @@ def _claim(node: HyperNode, scope: str, keys: Sequence[str], blocking: bool
     me = threading.get_ident()
     with _lock:
         running = _claims(node, scope)
-        own, twins, claimed = [], {}, {}
+        own: list[int] = []
+        twins: dict[int, Future[Any]] = {}
+        claimed: dict[str, Any] = {}
         for k, key in enumerate(keys):
             found = running.get(key) if key else None
             if found is not None and not found[0].cancelled() and (

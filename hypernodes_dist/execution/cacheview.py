@@ -35,12 +35,17 @@ class CacheView:
     def fetch(self, node: str, keys: Sequence[str]) -> dict[str, Any]:
         """The values of ``keys`` found pending or in the store (a cold column: no Python
         work per key)."""
+        store = self._store()
         pending = self.writes.pending(node) if self.writes is not None else None
         if pending and not pending.keys().isdisjoint(keys):
             found = {k: pending[k] for k in keys if k in pending}
-            found.update(self.cache.get_many([k for k in keys if k not in found], node))
+            found.update(store.get_many([k for k in keys if k not in found], node))
             return found
-        return self.cache.get_many(keys, node)
+        return store.get_many(keys, node)
+
+    def _store(self) -> Cache:
+        assert self.cache is not None, "a CacheView is read only where there is a cache"
+        return self.cache
 
     def pending(self, node: str, key: str) -> Any:
         """``key``'s value among the caller's unflushed writes (``MISSING``: not there)."""
@@ -54,7 +59,7 @@ class CacheView:
         value = self.pending(node, key)
         if value is not MISSING:
             return value
-        return self.cache.get_many([key], node).get(key, MISSING)
+        return self._store().get_many([key], node).get(key, MISSING)
 
     async def in_flight(self, key: str) -> Any:
         """What the identical call in flight produces (``MISSING``: none, or it failed)."""
@@ -81,4 +86,4 @@ class CacheView:
         if self.writes is not None:
             self.writes.add(key, value, node)
         else:
-            self.cache.set_many({key: value}, node)
+            self._store().set_many({key: value}, node)

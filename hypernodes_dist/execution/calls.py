@@ -331,11 +331,12 @@ def _make_positional(node: HyperNode) -> Callable[..., Any]:
         kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
     except (TypeError, ValueError):
         kinds = set()
+    func = fn
     if not params:  # the executor feeds one placeholder argument per item
-        def fn(_item: Any = None, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
+        def fn(_item: Any = None, _f: Callable[..., Any] = func) -> Any:
             return _f()
     elif kinds & {inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD}:
-        def fn(*args: Any, _f: Callable[..., Any] = node.func) -> Any:  # type: ignore[misc]
+        def fn(*args: Any, _f: Callable[..., Any] = func) -> Any:
             return _f(**dict(zip(params, args)))
     if node.is_generator:
         inner = fn

@@ -228,7 +228,8 @@ def node_columns(st: BatchState, node: HyperNode, items: Sequence[int], code: in
     """``items``' executions of ``node`` as one ``NodeColumns`` block of the batch event."""
     if not items:
         return
-    starts = ends = None
+    starts: Sequence[float] | None = None
+    ends: Sequence[float] | None = None
     if code == RAN:
         positions, clock = st.timing[node.name]
         starts, ends = clock.starts, clock.ends

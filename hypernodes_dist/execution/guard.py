@@ -43,7 +43,7 @@ import asyncio
 import contextvars
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from hypernodes_dist.events import PolicyEvent
@@ -59,7 +59,7 @@ from hypernodes_dist.policies.usage import CALL, Metering, Usage, observed
 __all__ = ["Guard", "Attempts", "WINDOW", "guarded_call", "awaits"]
 
 Report = Callable[[Any], Any]
-Call = Callable[[], Awaitable[Any]]
+Call = Callable[[], Coroutine[Any, Any, Any]]
 
 # The item window of the running flow (``execution/flow.py``): an item sleeping in back-off
 # gives its place back, so the items behind it keep the limits busy.
@@ -115,7 +115,7 @@ class Guard:
         self.gauges = any(g.meters for g in self.gates)  # some gate reads what a call metered
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)
-        self.on_usage: Callable[[Usage], None] | None = None  # each execution's, as it ends
+        self.on_usage: Callable[[Usage], object] | None = None  # each execution's, as it ends
 
     # -- the gates' host ---------------------------------------------------------------------
     def event(self, kind: str, item: int | None, attempt: int, wait: float, reason: str) -> None:

@@ -5,7 +5,7 @@ back (``BatchResult``). Engine plugins import these from here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -72,7 +72,7 @@ class Chunk:
 
     offset: int
     n: int
-    columns: dict[str, Sequence[Any]]
+    columns: Mapping[str, Sequence[Any]]
     broadcast: dict[str, Any]
 
     def item(self, i: int) -> dict[str, Any]:
@@ -106,7 +106,8 @@ class BatchResult:
     def usage_totals(self) -> dict[str, dict[str, float]]:
         """Per node: ``calls`` (executions that ran; batch nodes: function calls) and the sum
         of every metered quantity (``MapResult.usage``)."""
-        totals = {name: {"calls": ran} for name, ran in self.calls.items() if ran}
+        totals: dict[str, dict[str, float]] = {
+            name: {"calls": ran} for name, ran in self.calls.items() if ran}
         for name, per_item in self.usage.items():
             total = totals.setdefault(name, {"calls": 0})
             for usage in per_item.values():

@@ -151,7 +151,8 @@ def src_column(st: BatchState, output: str) -> list[str | None]:
         src = st.src_keys[output] = [None] * st.n
     elif len(st.plan.producers[output]) == 1 and src is st.node_keys.get(
             st.plan.producers[output][0]):
-        src = st.src_keys[output] = list(src)
+        # src is a list here; mypy narrows it to the type of the right side of ``is``
+        src = st.src_keys[output] = list(src)  # type: ignore[arg-type]
     return src
 
 

@@ -71,6 +71,7 @@ class _Waiter:
                 return False
             self.fut.set_result(None)
         else:
+            assert self.loop is not None  # no loop: the branch above took it
             self.loop.call_soon_threadsafe(_resolve, self.fut)
         self.granted = True
         return True
@@ -368,14 +369,14 @@ _KINDS: dict[str, Callable[..., Any]] = {"slots": slots, "rate": rate, "amounts"
 
 
 @overload
-def limiter(kind: Literal["slots"], key: str, n: int) -> Slots: ...
+def limiter(kind: Literal["slots"], key: str, n: int, /) -> Slots: ...
 @overload
-def limiter(kind: Literal["rate"], key: str, count: float, per: float) -> Rate: ...
+def limiter(kind: Literal["rate"], key: str, count: float, per: float, /) -> Rate: ...
 @overload
-def limiter(kind: Literal["amounts"], key: str, count: float, per: float) -> RateStore: ...
+def limiter(kind: Literal["amounts"], key: str, count: float, per: float, /) -> RateStore: ...
 @overload
-def limiter(kind: Literal["shared"], key: str) -> SharedValue: ...
-def limiter(kind: str, key: str, *spec: Any) -> Slots | Rate | RateStore | SharedValue:
+def limiter(kind: Literal["shared"], key: str, /) -> SharedValue: ...
+def limiter(kind: str, key: str, /, *spec: Any) -> Slots | Rate | RateStore | SharedValue:
     """``slots``, ``rate``, ``amounts`` or ``shared`` by name (``kind``)."""
     return _KINDS[kind](key, *spec)
 

@@ -231,8 +231,10 @@ class DatasetCollector(Tally):
         self.add(report.n, report.hits, report.failed, report.events, report.usage,
                  report.offset, budget_stop=is_budget(report.stop))
         report.events = []
-        if report.stop is not None and (self.stop is None or report.stopped_at < self.stop_at):
-            self.stop, self.stop_at = report.stop, report.stopped_at
+        at = report.stopped_at
+        if report.stop is not None and at is not None and (self.stop is None
+                                                           or at < self.stop_at):
+            self.stop, self.stop_at = report.stop, at
 
     def result(self) -> DatasetResult:
         return DatasetResult(self.out, self.session_id, self.usage, self.total,
