@@ -31,11 +31,12 @@ from typing import Any
 
 import daft
 import pyarrow as pa
-from daft import DataType, Series, col
+from daft import DataType, Series, col, lit
 from daft.functions import monotonically_increasing_id
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask, run_parts
 from hypernodes_dist.datasets.commit import Compute
+from hypernodes_dist.datasets.source import ParquetSource
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.context import worker_id
@@ -100,12 +101,13 @@ def _stepper(job: DatasetJob, part: Part, batch_size: int | None) -> Compute:
     task, src = job.task, job.source
     files = part.files()
     if files is not None:  # Daft reads the part's rows once; the row id picks a step's
+        assert isinstance(src, ParquetSource)  # only Parquet parts name files
         frame = daft.read_parquet([src.uri_prefix + p.path for p in files],
                                   row_groups=[list(p.row_groups) for p in files],
                                   io_config=io_config(src.where))
         first = files[0].skip
         whole = _with_id(frame.select(*task.read_columns))
-        whole = whole.where((col(ID) >= first) & (col(ID) < first + part.n))
+        whole = whole.where((col(ID) >= lit(first)) & (col(ID) < lit(first + part.n)))
         held: list[daft.DataFrame] = []
 
         def rows(a: int, b: int) -> tuple[daft.DataFrame, int]:
@@ -113,7 +115,7 @@ def _stepper(job: DatasetJob, part: Part, batch_size: int | None) -> Compute:
                 return whole, -first
             if not held:  # several steps: read the part once
                 held.append(whole.collect())
-            return held[0].where((col(ID) >= first + a) & (col(ID) < first + b)), -first
+            return held[0].where((col(ID) >= lit(first + a)) & (col(ID) < lit(first + b))), -first
     else:
         data = part.read(task.read_columns)
 
@@ -138,7 +140,7 @@ def _with_id(frame: daft.DataFrame) -> daft.DataFrame:
 
 
 def _from_columns(data: dict[str, Any]) -> daft.DataFrame:
-    series = {}
+    series: dict[str, Any] = {}
     for name, values in data.items():
         if isinstance(values, list):
             series[name] = Series.from_pylist(values, name, dtype=DataType.python())

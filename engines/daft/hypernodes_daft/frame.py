@@ -9,7 +9,7 @@ cache keys (which are type-tagged) stay identical.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import daft
@@ -34,7 +34,7 @@ def column_name(i: int) -> str:
     return f"__hn_in{i}"
 
 
-def item_frame(columns: dict[str, Sequence[Any]], n: int) -> daft.DataFrame:
+def item_frame(columns: Mapping[str, Sequence[Any]], n: int) -> daft.DataFrame:
     """The DataFrame of one map: ``ROW`` (0..n-1) then the mapped inputs, in ``columns`` order."""
     data: dict[str, Any] = {ROW: Series.from_arrow(_row_ids(n), ROW)}
     for i, values in enumerate(columns.values()):

@@ -36,7 +36,8 @@ class RayMailbox(ProgressChannel):
 
     def __init__(self, receive: Receive) -> None:
         super().__init__()
-        self._actor = ray.remote(num_cpus=0)(_Mailbox).remote()
+        # an actor handle: Ray's stubs do not type its methods' ``.remote``
+        self._actor: Any = ray.remote(num_cpus=0)(_Mailbox).remote()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, args=(receive,), daemon=True,
                                         name="hn-progress")

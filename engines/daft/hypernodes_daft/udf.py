@@ -62,8 +62,9 @@ def make_udf(
     settings: BatchSettings,
     token: str,
     local: bool,
-) -> Callable[..., list[BatchResult] | Failure]:
-    """The function a Daft batch UDF wraps (plan, broadcast and settings in its closure)."""
+) -> Callable[..., Any]:
+    """The function a Daft batch UDF wraps (plan, broadcast and settings in its closure):
+    rows in, a column of pickled cells out (a coroutine of it for the flowing, async UDF)."""
 
     def start(rows: Series, columns: tuple[Series, ...]) -> tuple[int, list[Chunk]] | None:
         if not local:

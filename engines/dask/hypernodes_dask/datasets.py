@@ -26,6 +26,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from hypernodes_dist.datasets import DatasetJob, Part, PartReport, PartTask
 from hypernodes_dist.datasets.parts import PandasReader
+from hypernodes_dist.datasets.source import DaskSource
 from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import NodeError
 
@@ -102,7 +103,7 @@ def _died(running: list[Any]) -> NodeError:
         "the same map to continue", "BrokenProcessPool")
 def _graphs(engine: DaskEngine, job: DatasetJob, shared: Any) -> Iterator[tuple[dict, list]]:
     skey = ("hn-dataset-shared",)
-    if job.source.kind == "dask":
+    if isinstance(job.source, DaskSource):
         delayed = job.source.frame.to_delayed()
         dsk = {}
         for d in delayed[:1]:  # the partitions share one graph
@@ -128,6 +129,7 @@ def _graphs(engine: DaskEngine, job: DatasetJob, shared: Any) -> Iterator[tuple[
 def _dask_parts(job: DatasetJob, engine: DaskEngine) -> list[Part]:
     """One part per Dask partition (from its first row not in a file), with offsets from
     a length pass run on the workers."""
+    assert isinstance(job.source, DaskSource)
     lengths = job.source.frame.map_partitions(len)
     if engine.scheduler == "distributed":
         counts = engine.client.compute(lengths).result()
@@ -153,7 +155,7 @@ def run_dataset_distributed(engine: DaskEngine, job: DatasetJob, report: Report)
     stop = job.task.stop
     with on_cluster(client, _shipment(job.task, "Dask workers")) as shared, \
             InFlight(client) as in_flight:
-        if job.source.kind == "dask":
+        if isinstance(job.source, DaskSource):
             frames = client.compute(job.source.frame.to_delayed())
             for p in _dask_parts(job, engine):
                 in_flight.add(client.submit(run_part, shared, p, frames[p.index], pure=False))

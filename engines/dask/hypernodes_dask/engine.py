@@ -269,9 +269,9 @@ class DaskEngine(Engine):
                         continue
                     sink(unpack(batch))
             except KilledWorker as exc:  # the partition killed every worker that ran it
-                span = in_flight.tags.get(exc.task)
+                killed = in_flight.tags.get(exc.task)
                 how = f"Dask worker processes died {exc.allowed_failures + 1} times"
-                raise _worker_died(job, [span] if span else [], how) from exc
+                raise _worker_died(job, [killed] if killed else [], how) from exc
 
     def _map_local(self, job: MapJob, sink: Sink) -> None:
         size = self.partition_size_for(job.n, job.plan.flows)
