@@ -3,9 +3,9 @@ an ``AsyncOpenAI`` client from a ``@resource``, then closes; (2) in the same pro
 notebook cell (``asyncio.run``) maps that graph twice and awaits ``arun``; (3) a map of a
 node using a module-level ``AsyncOpenAI`` client. The client torn down in (1) was collected
 under the cell's loop, and its finalizer closed its connections from the main thread with
-the process loop's non-threadsafe ``call_soon``: the process loop slept in ``select`` with
-work queued. Each case runs in a subprocess with a timeout, so a regression fails instead
-of hanging the suite. Real ``openai`` clients against the loopback server."""
+the process loop's non-threadsafe ``call_soon``, after its sockets had been freed: it
+unregistered the numbers of newer connections, whose answers the loop never saw. Each case
+runs in a subprocess with a timeout, so a regression fails instead of hanging the suite. Real ``openai`` clients against the loopback server."""
 
 from __future__ import annotations
 
@@ -69,8 +69,9 @@ cell_graph = Graph([llm, classify], engine=engine())
 
 
 async def cell():
+    gc.collect()  # the cell's allocations collect (1)'s client under the cell's loop: before
     outs = [cell_graph.map({"text": texts}, map_over="text") for _ in range(2)]
-    gc.collect()  # what the cell's allocations do at some point: collect under its loop
+    gc.collect()  # the maps' new connections (old code: ~1 run in 2 lost arun's answer)
     last = await cell_graph.arun({"text": "y"})
     return outs, last
 
