@@ -9,11 +9,11 @@ per-second limit: a key's remaining requests are not assumed) and, for a node th
 ``tokens``, reserves its expected tokens from ``PACE`` x the stated tokens per minute.
 A client stating nothing passes.
 
-Remaining and reset pace the start: when a response says fewer requests remain than
-``SLACK`` seconds of the provider's refill (at least 1), the rate's next start moves on by
-the missing ones, so calls start once the key has that much in hand (from a nearly spent
-key, the first calls wait a moment instead of being refused), at most once per refill of
-that slack.
+Remaining and reset pace the start: when the first limits this gate reads say fewer
+requests remain than ``SLACK`` seconds of the provider's refill (at least 1), the rate's
+next start moves on by the missing ones, so calls start once the key has that much in hand
+(from a nearly spent key, the first calls wait a moment instead of being refused); later,
+only a response saying none remain moves it on (by one), at most once per refill of it.
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ class LearnedGate:
         limit, left, reset = state["requests"][:3]
         per_second = limit / period_of(limit, left, reset)
         slack = max(1.0, SLACK * per_second)
+        if self.pushed:  # after the start: only a spent key (none remaining) waits
+            slack = 1.0
         if left is None or left >= slack or state.get("at", 0.0) <= self.pushed:
             return
         self.pushed = time.time() + slack / per_second
