@@ -40,13 +40,22 @@ class Semaphore(Protocol):
         ...
 
 
-class RemoteSemaphore(Semaphore, Protocol):
+class RemoteSemaphore(Protocol):
     """A semaphore each operation of which is a network round trip (``remote = True``): the
     core calls it only from a lease thread, and its ``take(timeout) -> bool`` gives up."""
 
     remote: bool
 
-    def take(self, timeout: float) -> bool:  # type: ignore[override]  # a bounded wait
+    def try_take(self) -> bool:
+        """A unit if one is free now."""
+        ...
+
+    def take(self, timeout: float) -> bool:
+        """A unit, waiting at most ``timeout`` seconds; ``False`` if none came."""
+        ...
+
+    def give(self) -> None:
+        """Return a unit."""
         ...
 
 
@@ -84,7 +93,7 @@ class LimitsBackend(Protocol):
     name: str
     directory: str
 
-    def semaphore(self, key: str, n: int) -> Semaphore: ...
+    def semaphore(self, key: str, n: int) -> Semaphore | RemoteSemaphore: ...
 
     def rate(self, key: str, count: float, per: float) -> RateStore: ...
 

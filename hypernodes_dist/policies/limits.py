@@ -32,7 +32,13 @@ from contextlib import contextmanager
 from typing import Any, Literal, overload
 
 from hypernodes_dist.perprocess import PROCESS
-from hypernodes_dist.policies.backend import LimitsBackend, RateStore, Semaphore, SharedValue
+from hypernodes_dist.policies.backend import (
+    LimitsBackend,
+    RateStore,
+    RemoteSemaphore,
+    Semaphore,
+    SharedValue,
+)
 from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 
 __all__ = ["Slots", "Rate", "register_backend", "using", "backend", "limiter", "slots", "rate",
@@ -93,7 +99,7 @@ class Slots:
     per process while calls wait, whatever their number).
     """
 
-    def __init__(self, semaphore: Semaphore) -> None:
+    def __init__(self, semaphore: Semaphore | RemoteSemaphore) -> None:
         self.sem: Any = semaphore  # a RemoteSemaphore when ``remote``
         self.remote = bool(getattr(semaphore, "remote", False))
         self.lock = threading.Lock()
