@@ -23,6 +23,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hypernodes_dist hypernodes_bench engines tests benchmarks examples
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(VENV)/bin/hypernodes-dist bench --engines local,dask,daft --items 1000,100000

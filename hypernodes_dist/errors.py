@@ -179,7 +179,7 @@ def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseExce
     if notes is None:
         notes = []
         try:
-            exc.__notes__ = notes  # type: ignore[attr-defined]
+            exc.__notes__ = notes
         except AttributeError:
             return exc
     note = f"hypernodes: failed {where}"

@@ -182,7 +182,7 @@ class Graph:
         if checkpoint is not None:
             state, session, run_id = self._continue(checkpoint, inputs)
         else:
-            responses = {n.response_param for n in self.plan.interrupts}  # type: ignore[attr-defined]
+            responses = {n.response_param for n in self.plan.interrupts}
             check_inputs(self.plan, inputs, allowed=responses)
             answers = responses_for(self, {k: v for k, v in inputs.items() if k in responses})
             state = RunState.start({k: v for k, v in inputs.items() if k not in responses})
@@ -249,45 +249,24 @@ class Graph:
         budget: Mapping[str, float] | None = None,
         on_budget: Callable[[str, float, float], float | None] | None = None,
     ) -> Any:
-        """Run the graph once per item on the graph's engine.
+        """Run the graph once per item (each its own run, all sharing one session); a graph
+        with an ``InterruptNode`` raises ``TypeError``. The README details each argument. Args:
+            inputs: ``{name: value}``; names in ``map_over`` hold one value per item, the
+                others are broadcast. map_over: the name(s) to map over (not with source).
+            map_mode: ``"zip"`` or ``"product"``. session_id: every item's session.
+            select: outputs to return. progress: show a progress bar.
+            on_error: ``"raise"`` (the first failure, noted with node and item) or
+                ``"collect"`` (failed items come back with ``status == "error"``).
+            source: rows are items (Parquet path/URI, Arrow, pandas, Dask or Daft frame).
+            columns: ``{graph input: source column}``. keep: source columns to copy.
+            into: write Parquet files there (a rerun computes what has no file yet).
+            overwrite: replace another map's files. commit_seconds: at most this long a
+                finished row waits for its file. budget: ``{quantity: max}`` metered by
+                this map (0: no metered call starts). on_budget: ``ask(quantity, spent,
+                limit)`` in the driver when spent: a new limit, or ``None`` to stop.
 
-        Each item is its own run (its own ``run_id``); every item of one call shares one
-        ``session_id``. Raises ``TypeError`` for a graph with an ``InterruptNode`` (also one
-        inside a nested graph): answer interrupts per item with ``run()``/``iter()``.
-
-        Args:
-            inputs: ``{name: value}``. The names in ``map_over`` hold sequences (one value
-                per item); every other input is broadcast to every item (with ``source``:
-                broadcast values only).
-            map_over: the input name, or list of names, to map over (not with ``source``).
-            map_mode: ``"zip"`` (item i takes the i-th value of each ``map_over`` input;
-                unequal lengths raise ``ValueError`` naming each) or ``"product"``.
-            session_id: the session of every item (default: a new ``sess_...`` id).
-            select: output names to return (default: every output).
-            on_error: ``"raise"`` (the first failure raises its original exception, noted
-                with the node and the item index) or ``"collect"`` (failed items come back
-                with ``status == "error"`` and ``.error``; the others are intact).
-            progress: show a progress bar (items done, cache hits, errors, metered totals).
-            source: the rows of a table are the items instead: a Parquet file, directory,
-                glob or URI, a ``pyarrow`` Table/RecordBatchReader/Dataset, or a pandas,
-                Dask or Daft DataFrame. Each graph input reads the column of its name.
-            columns: ``{graph input: source column}`` where the names differ.
-            keep: source columns copied into every output row (with ``into``).
-            into: a directory (path or URI) to write the results to as Parquet files;
-                rerunning into it recomputes only what has no output file yet.
-            overwrite: with ``into``, replace results written there by another graph.
-            commit_seconds: with ``into``, a row that finished more than this many seconds
-                ago is in a complete file there, even without a cache (default 30).
-            budget: ``{quantity: max}`` of what nodes ``meter``: once this map has metered
-                ``max``, no new call of a node metering it starts (``BudgetExceededError``).
-                A limit of 0 starts no metered call.
-            on_budget: ``ask(quantity, spent, limit)``, called in the driver when a budget
-                is spent (metered calls wait meanwhile): a new limit goes on with the same
-                map, ``None`` stops as without it.
-
-        Returns:
-            a ``MapResult`` (``GraphResult`` per item, in item order; ``.errors``,
-            ``.usage``, ``.to_arrow()``), or with ``into`` a ``DatasetResult``.
+        Returns a ``MapResult`` (a ``GraphResult`` per item, in item order), or with
+        ``into`` a ``DatasetResult``.
         """
         reject_interrupts(self.plan)  # also for dataset maps (source=, into=)
         _check_map_form(source, map_over, map_mode, columns, keep, into, overwrite,
@@ -304,8 +283,7 @@ class Graph:
                 return run_dataset(
                     self.plan, self.engine, source=source, inputs=inputs, map_over=map_over,
                     map_mode=map_mode, columns=columns, keep=keep, into=into,
-                    overwrite=overwrite, **common,
-                    **({} if commit_seconds is None else {"commit_seconds": commit_seconds}))
+                    overwrite=overwrite, commit_seconds=commit_seconds, **common)
             mapped, broadcast = read_columns(self.plan, source, inputs or {}, columns)
             inputs, map_over = {**broadcast, **mapped}, list(mapped)
         # inputs/map_over None: run_map raises a TypeError naming what to pass

@@ -115,7 +115,7 @@ def hash_value(value: object) -> str:
         except UnicodeEncodeError:
             return xxh3_128_hexdigest(_str_payload(value))  # type: ignore[arg-type]
     if t is int:
-        return xxh3_128_hexdigest(b"i%x" % value)  # type: ignore[operator, str-format]  # an int
+        return xxh3_128_hexdigest(b"i%x" % value)  # type: ignore[str-format]  # an int
     enc = _SCALARS.get(t)
     if enc is not None:
         return xxh3_128_hexdigest(enc(value))

@@ -73,7 +73,7 @@ class Pruned(NamedTuple):
     entries: int = 0
     nbytes: int = 0
 
-    def __add__(self, other: object) -> Pruned:  # type: ignore[override]
+    def __add__(self, other: object) -> Pruned:
         if not isinstance(other, Pruned):
             return NotImplemented
         return Pruned(self.segments + other.segments, self.entries + other.entries,

@@ -181,7 +181,7 @@ def each_item(exc: Exception, n: int) -> list[Exception]:
     for _ in range(n - 1):
         try:
             twin = copy.copy(exc)
-            twin.__notes__ = list(getattr(exc, "__notes__", []))  # type: ignore[attr-defined]
+            twin.__notes__ = list(getattr(exc, "__notes__", []))
             twin.__cause__, twin.__traceback__ = exc.__cause__, exc.__traceback__
         except Exception:
             twin = exc

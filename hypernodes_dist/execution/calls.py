@@ -341,6 +341,6 @@ def _make_positional(node: HyperNode) -> Callable[..., Any]:
     if node.is_generator:
         inner = fn
 
-        def fn(*args: Any) -> Any:  # type: ignore[misc]
+        def fn(*args: Any) -> Any:
             return join_chunks(list(inner(*args)), node.empty)
     return fn

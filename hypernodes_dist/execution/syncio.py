@@ -136,13 +136,16 @@ class _ProcessLoop(asyncio.SelectorEventLoop):
     with the non-threadsafe ``call_soon``/``call_at`` (a future resolved there, a transport
     closed there): asyncio would leave it asleep in ``select`` until some I/O came."""
 
-    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+    # asyncio's stubs type these with a TypeVarTuple; the runtime signature is the same
+    def call_soon(  # type: ignore[override]
+            self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
         handle = super().call_soon(callback, *args, context=context)
         self._wake_from_elsewhere()
         return handle
 
-    def call_at(self, when: float, callback: Any, *args: Any,
-                context: Any = None) -> asyncio.TimerHandle:
+    def call_at(  # type: ignore[override]
+            self, when: float, callback: Any, *args: Any,
+            context: Any = None) -> asyncio.TimerHandle:
         timer = super().call_at(when, callback, *args, context=context)
         self._wake_from_elsewhere()
         return timer
@@ -195,7 +198,7 @@ def _settle(future: Future[Any], task: asyncio.Task[Any]) -> None:
     if task.cancelled():
         future.set_exception(asyncio.CancelledError())
     elif task.exception() is not None:
-        future.set_exception(task.exception())  # type: ignore[arg-type]
+        future.set_exception(task.exception())
     else:
         future.set_result(task.result())
 

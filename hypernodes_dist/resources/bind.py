@@ -163,11 +163,11 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], needed: list[Res
             value = func(**kwargs, **{p: built[p] for p in direct})
             return await value if node.is_async else value
     elif node.is_generator:
-        def call(**kwargs: Any) -> Any:  # type: ignore[misc]
+        def call(**kwargs: Any) -> Any:
             built = fetch.get(take(kwargs))
             yield from func(**kwargs, **{p: built[p] for p in direct})
     else:
-        def call(**kwargs: Any) -> Any:  # type: ignore[misc]
+        def call(**kwargs: Any) -> Any:
             built = fetch.get(take(kwargs))
             return func(**kwargs, **{p: built[p] for p in direct})
     functools.update_wrapper(call, func)

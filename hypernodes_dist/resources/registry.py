@@ -188,10 +188,12 @@ def _release(entries: list[Entry]) -> None:
     if started_loop() is None:  # nothing can be bound to a process loop
         return
 
-    async def on_loop() -> None:
+    async def close_all() -> None:  # returns: no reference of ours left for the collection
         for entry in entries:
             await _close_left_open(entry)
-        entry = None  # noqa: F841 - no reference of ours left for the collection
+
+    async def on_loop() -> None:
+        await close_all()
         entries.clear()
         gc.collect()
 

@@ -190,7 +190,7 @@ def restore(ckpt: Checkpoint) -> RunState:
         step_index=ckpt.step_index,
         ended=bool(s.get("ended", False)),
         pending_interrupt=ckpt.pending_interrupt,
-        dropped={k: tuple(v) for k, v in s.get("dropped", {}).items()},  # type: ignore[misc]
+        dropped={k: tuple(v) for k, v in s.get("dropped", {}).items()},
     )
 
 

@@ -9,7 +9,7 @@ the first rows of part 0 (the workers start after them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hypernodes_dist.cache.base import Cache, prepare_cache
@@ -39,6 +39,8 @@ from hypernodes_dist.run.stops import Kept, is_budget
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from hypernodes_dist.engines.base import Engine
 
 __all__ = ["run_dataset", "bind_source", "read_columns"]
@@ -132,25 +134,21 @@ def run_dataset(
     progress: bool = False,
     cache: Cache | None = None,
     callbacks: Sequence[Any] = (),
-    commit_seconds: float = COMMIT_SECONDS,
+    commit_seconds: float | None = None,
     budget: Mapping[str, float] | None = None,
     on_budget: Ask | None = None,
 ) -> DatasetResult:
     """Run a map whose rows come from ``source`` (or dict inputs) and write them ``into``
     (a finished row is in a file within about ``commit_seconds``)."""
-    commit_seconds = check_commit_seconds(commit_seconds)
-    inputs = dict(inputs or {})
+    commit_seconds = check_commit_seconds(
+        COMMIT_SECONDS if commit_seconds is None else commit_seconds)
     run_prefix = new_run_id() + "-"
     settings = BatchSettings(
         session_id=session_id or new_session_id(), run_prefix=run_prefix,
         select=check_select(plan, select), on_error=check_on_error(on_error), cache=cache,
         want_events=wants_events(callbacks), budget=check_budget(budget, run_prefix, on_budget))
-    if source is not None:
-        src = open_source(source)
-        mapping, broadcast = bind_source(plan, src, inputs, columns)
-    else:
-        cols, broadcast, n = expand(plan, inputs, map_over, map_mode)  # type: ignore[arg-type]
-        src, mapping = ListSource(cols, n), {k: k for k in cols}
+    src, mapping, broadcast = _bind(plan, source, dict(inputs or {}), map_over, map_mode,
+                                    columns)
     outputs = settings.select or plan.outputs
     keep_t = _check_keep(src, keep, outputs)
     out = ParquetDataset(into)
@@ -161,15 +159,8 @@ def run_dataset(
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
     found = check_manifest(out, manifest, overwrite)
-    head = None
-    if found is not None:  # the same map ran here before: its partitioning and schema hold
-        rows_per_part, schema = found
-    else:
-        rows_per_part = engine.dataset_part_rows(src.n)
-        schema, head = output_schema(plan, src, mapping, keep_t, outputs, broadcast,
-                                     collecting(settings), max_rows=rows_per_part)
-        if head is not None and settings.on_error == "raise" and len(head.batch.errors) == head.n:
-            raise head.batch.errors[min(head.batch.errors)]  # nothing finished: no types
+    rows_per_part, schema, head = _layout(found, plan, engine, src, mapping, keep_t,
+                                          outputs, broadcast, settings)
     out.clean_temporary()
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:
@@ -180,23 +171,59 @@ def run_dataset(
                     stop)
     collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
                                  settings.session_id, settings)
-    asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget,
-                  stop.stopped)
-    with collector.watch(engine, settings):  # a stop raised in here is on the bar
+    _execute(engine, task, head, lambda: DatasetJob(task, src, rows_per_part, out.committed()),
+             collector, Asker(settings.budget, on_budget, engine.driver_shared,
+                              collector.budget, stop.stopped))
+    return collector.result()
+
+
+def _bind(plan: Plan, source: Any, inputs: dict[str, Any], map_over: Any, map_mode: str,
+          columns: Mapping[str, str] | None) -> tuple[Source, dict[str, str], dict[str, Any]]:
+    """The rows (a source, or the expanded dict inputs), graph input -> column, broadcast."""
+    if source is not None:
+        src = open_source(source)
+        mapping, broadcast = bind_source(plan, src, inputs, columns)
+        return src, mapping, broadcast
+    cols, broadcast, n = expand(plan, inputs, map_over, map_mode)
+    return ListSource(cols, n), {k: k for k in cols}, broadcast
+
+
+def _layout(found: tuple[int, pa.Schema] | None, plan: Plan, engine: Engine, src: Source,
+            mapping: dict[str, str], keep: tuple[str, ...], outputs: Sequence[str],
+            broadcast: dict[str, Any], settings: BatchSettings
+            ) -> tuple[int, Any, Head | None]:
+    """Rows per part and the output schema: the earlier run's (``found``), or fixed now
+    from the first rows (``head``, written as part 0's first rows, never computed again)."""
+    if found is not None:  # the same map ran here before: its partitioning and schema hold
+        return found[0], found[1], None
+    rows_per_part = engine.dataset_part_rows(src.n)
+    schema, head = output_schema(plan, src, mapping, keep, outputs, broadcast,
+                                 collecting(settings), max_rows=rows_per_part)
+    if head is not None and settings.on_error == "raise" and len(head.batch.errors) == head.n:
+        raise head.batch.errors[min(head.batch.errors)]  # nothing finished: no types
+    return rows_per_part, schema, head
+
+
+def _execute(engine: Engine, task: PartTask, head: Head | None, job: Callable[[], DatasetJob],
+             collector: DatasetCollector, asker: Asker) -> None:
+    """The head's rows written first, then the engine runs the parts (``job()``: what no
+    file holds yet); a stop (the first error under ``"raise"``, a spent budget, Ctrl-C)
+    raises here once every worker has written the rows it finished."""
+    stop = task.stop
+    assert stop is not None  # a dataset map's task always carries its stop flag
+    with collector.watch(engine, task.settings):  # a stop raised in here is on the bar
         try:
             if head is not None:
                 collector.accept(_write_head(task, head))
-            job = DatasetJob(task, src, rows_per_part, out.committed())
             with on_ctrl_c(stop) as pressed, asker:
-                engine.execute_dataset(job, collector.accept)
+                engine.execute_dataset(job(), collector.accept)
         finally:
             stop.close()
         if pressed:
             raise KeyboardInterrupt
         asker.raise_error()
-        if collector.stop is not None and settings.on_error == "raise":
+        if collector.stop is not None and task.settings.on_error == "raise":
             raise collector.stop
-    return collector.result()
 
 
 def _write_head(task: PartTask, head: Head) -> PartReport:

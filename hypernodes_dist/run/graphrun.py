@@ -132,7 +132,7 @@ class GraphRun:
                 if isinstance(event, InterruptEvent) and event.parent_run_id is None:
                     node = self._run.graph.plan.interrupt(event.interrupt_name)
                     self._interrupt = Interrupt(event.interrupt_name, event.value,
-                                                node.response_param)  # type: ignore[attr-defined]
+                                                node.response_param)
                 return event
             if self._task.done() or (self._waiting and self._interrupt is not None
                                      and not self._answered.is_set()):  # type: ignore[union-attr]

@@ -134,7 +134,7 @@ class _NestedCall:
             raise batch.errors[min(batch.errors)]
         if batch.paused:  # an interrupt with no answer: the calling run pauses too
             name, value = batch.paused[min(batch.paused)]
-            raise NestedPause(name, value, self.plan.interrupt(name).response_param)  # type: ignore[attr-defined]
+            raise NestedPause(name, value, self.plan.interrupt(name).response_param)
         return self.result(batch)
 
     def identity(self) -> str:

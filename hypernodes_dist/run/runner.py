@@ -54,7 +54,7 @@ class Interrupt:
 
 def responses_for(graph: RunnableGraph, given: Mapping[str, Any]) -> dict[str, Any]:
     """``{response_param: value}`` -> ``{interrupt name: value}``; unknown names are errors."""
-    by_param = {n.response_param: n.name for n in graph.plan.interrupts}  # type: ignore[attr-defined]
+    by_param = {n.response_param: n.name for n in graph.plan.interrupts}
     unknown = [k for k in given if k not in by_param]
     if unknown:
         known = ", ".join(by_param) or "none"

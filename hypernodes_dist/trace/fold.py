@@ -62,7 +62,7 @@ class Edge(NamedTuple):
     kind: str  # "seq" | "map" | "nested"
 
 
-class Chunks(list):  # type: ignore[type-arg]
+class Chunks(list):
     """The chunks a streaming execution yielded, in order."""
 
     def joined(self) -> Any:

@@ -7,6 +7,7 @@ import heapq
 import html
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import add, gt, itemgetter, le
@@ -255,11 +256,12 @@ def _columns(trace: Trace) -> list[list[Any]]:
     for ev in batches:  # map batches read as columns
         for part in ev.columns:
             n = len(part.items)
-            for col, values in zip(cols, (
-                    repeat(part.node_id, n), repeat(None, n), repeat(ev.run_id, n),
-                    map(add, part.items, repeat(ev.offset)), repeat(0, n),
-                    repeat(ev.worker or "driver", n), *ev.wall_times(part),
-                    repeat("complete", n), repeat(part.cached, n))):
+            columns: tuple[Iterable[Any], ...] = (
+                repeat(part.node_id, n), repeat(None, n), repeat(ev.run_id, n),
+                map(add, part.items, repeat(ev.offset)), repeat(0, n),
+                repeat(ev.worker or "driver", n), *ev.wall_times(part),
+                repeat("complete", n), repeat(part.cached, n))
+            for col, values in zip(cols, columns):
                 col.extend(values)
     start = cols[6]
     if not all(map(le, start, islice(start, 1, None))):

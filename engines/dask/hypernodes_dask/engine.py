@@ -320,7 +320,7 @@ def _worker_died(job: MapJob, spans: list[tuple[int, int]], how: str) -> NodeErr
         f"{how} running {items} (in {where}): the process was killed (signal, os._exit, "
         "segfault or out of memory) and raised no exception; rerun those items with "
         "partition_size=1 to isolate the item", "KilledWorker")
-    error.__notes__ = [f"hypernodes: failed in {where} ({items})"]  # type: ignore[attr-defined]
+    error.__notes__ = [f"hypernodes: failed in {where} ({items})"]
     single = len(spans) == 1 and spans[0][1] - spans[0][0] == 1
     error.hn_node = nodes[0] if len(nodes) == 1 else None  # type: ignore[attr-defined]
     error.hn_item = spans[0][0] if single else None  # type: ignore[attr-defined]
