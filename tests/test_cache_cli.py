@@ -113,16 +113,16 @@ def test_prune_by_age_then_by_size(tmp_path: pathlib.Path, kind: str) -> None:
         cache.set_many({f"old{i}": "x" * 5000 + str(i) for i in range(4)}, node="old")
         cache.set_many({f"used{i}": "y" * 5000 + str(i) for i in range(4)}, node="used")
         time.sleep(age + 0.3)
+        since = time.monotonic()  # the oldest entry that must stay: new0-*
         for batch in range(3):
             cache.set_many({f"new{batch}-{i}": "z" * 5000 + str(i) for i in range(4)},
                            node="new")
             time.sleep(0.02)
-        read_at = time.monotonic()
         reader = make(path, size_limit="1GB")  # a reader records what it uses (for eviction)
         assert len(reader.get_many([f"used{i}" for i in range(4)], node="used")) == 4
         reader.close()
         out = _cli("cache", "prune", path, "--older-than", f"{age}s")
-        if time.monotonic() - read_at < age:  # the prune ran within `age` of the read
+        if time.monotonic() - since < age:  # the prune ran within `age` of the new writes
             break
     assert out.returncode == 0, out.stderr
     assert "removed 1 segments (4 entries" in out.stdout, out.stdout
