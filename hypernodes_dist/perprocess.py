@@ -12,10 +12,14 @@ its part, and one after-fork hook resets them all, in registration (import) orde
 from __future__ import annotations
 
 import os
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
-__all__ = ["PROCESS", "Registries"]
+__all__ = ["PROCESS", "Registries", "Memo"]
+
+V = TypeVar("V")
 
 
 class Registries:
@@ -41,6 +45,30 @@ class Registries:
 
 
 PROCESS = Registries()
+
+
+class Memo(Generic[V]):
+    """Values made once per key in this process (``get(key, make)``; racing threads make
+    one), registered in ``PROCESS`` as ``name``: a forked child starts empty."""
+
+    def __init__(self, name: str) -> None:
+        self.values: dict[Hashable, V] = {}
+        self._lock = threading.Lock()
+        PROCESS.register(name, self.forget)
+
+    def get(self, key: Hashable, make: Callable[[], V]) -> V:
+        found = self.values.get(key)
+        if found is None:
+            with self._lock:
+                found = self.values.get(key)
+                if found is None:
+                    found = self.values[key] = make()
+        return found
+
+    def forget(self) -> None:
+        """Every value dropped, and a new lock (a child's copy may be held by no thread)."""
+        self.values.clear()
+        self._lock = threading.Lock()
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=PROCESS.reset)

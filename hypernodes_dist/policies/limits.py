@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, overload
 
-from hypernodes_dist.perprocess import PROCESS
+from hypernodes_dist.perprocess import Memo
 from hypernodes_dist.policies.backend import (
     LimitsBackend,
     RateStore,
@@ -287,8 +287,8 @@ def paced(count: float, per: float) -> tuple[float, float]:
 
 Probe = Callable[[], LimitsBackend | None]
 _PROBES: list[Probe] = []
-_LIMITERS: dict[tuple[Any, ...], Any] = {}
-_LIMITERS_LOCK = threading.Lock()
+# a forked child holds no units and no waiters: it starts with fresh limiters
+_LIMITERS: Memo[Any] = Memo("policies.limits")
 _MACHINE: MachineLimits | None = None
 
 
@@ -329,14 +329,7 @@ def _limiter(kind: str, key: str, spec: tuple[Any, ...], make: Callable[[LimitsB
              ) -> Any:
     """This process's limiter of ``kind`` for ``key``, made once per backend."""
     where = backend()
-    cache_key = (where.name, where.directory, kind, key, *spec)
-    found = _LIMITERS.get(cache_key)
-    if found is None:
-        with _LIMITERS_LOCK:
-            found = _LIMITERS.get(cache_key)
-            if found is None:
-                found = _LIMITERS[cache_key] = make(where)
-    return found
+    return _LIMITERS.get((where.name, where.directory, kind, key, *spec), lambda: make(where))
 
 
 def slots(key: str, n: int) -> Slots:
@@ -389,16 +382,7 @@ def limiter(kind: str, key: str, /, *spec: Any) -> Slots | Rate | RateStore | Sh
 
 def settle() -> None:
     """Give every limit's idle units back to its backend now (a worker with no more work)."""
-    for found in list(_LIMITERS.values()):
+    for found in list(_LIMITERS.values.values()):
         if isinstance(found, Slots):
             found.settle()
 
-
-def _forget_in_child() -> None:
-    """A forked child holds no units and no waiters: it starts with fresh limiters."""
-    global _LIMITERS_LOCK
-    _LIMITERS.clear()
-    _LIMITERS_LOCK = threading.Lock()
-
-
-PROCESS.register("policies.limits", _forget_in_child)  # forgotten in a forked child

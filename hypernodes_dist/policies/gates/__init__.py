@@ -9,9 +9,7 @@ for none. A new concern is a module here and a line in ``_build``.
 
 from __future__ import annotations
 
-import threading
-
-from hypernodes_dist.perprocess import PROCESS
+from hypernodes_dist.perprocess import Memo
 from hypernodes_dist.policies.budget import Budget
 from hypernodes_dist.policies.gates.base import Entry, Gate, Host
 from hypernodes_dist.policies.gates.budget import BudgetGate
@@ -25,20 +23,13 @@ from hypernodes_dist.policies.spec import Policy
 
 __all__ = ["Gate", "Entry", "Host", "gates_for", "PACE", "RETRY_AFTER_SPREAD"]
 
-_BUILT: dict[tuple[object, ...], tuple[Gate, ...]] = {}
-_LOCK = threading.Lock()
+_BUILT: Memo[tuple[Gate, ...]] = Memo("policies.gates")  # a forked child's start anew
 
 
 def gates_for(policy: Policy, budget: Budget | None = None) -> tuple[Gate, ...]:
     """The gates of ``policy`` in this process, then the ``budget``'s (a metering node's)."""
     where = backend()
-    key = (where.name, where.directory, policy)
-    found = _BUILT.get(key)
-    if found is None:
-        with _LOCK:
-            found = _BUILT.get(key)
-            if found is None:
-                found = _BUILT[key] = _build(policy)
+    found = _BUILT.get((where.name, where.directory, policy), lambda: _build(policy))
     return found if budget is None else (*found, BudgetGate(policy.node, budget))
 
 
@@ -56,12 +47,3 @@ def _build(p: Policy) -> tuple[Gate, ...]:
         gates += [HoldOffGate(o.node, most, recheck=True) for o in owners]
     return tuple(gates)
 
-
-def _forget_in_child() -> None:
-    """A forked child's gates start anew (its limiters and places are fresh)."""
-    global _LOCK
-    _BUILT.clear()
-    _LOCK = threading.Lock()
-
-
-PROCESS.register("policies.gates", _forget_in_child)  # forgotten in a forked child
