@@ -46,12 +46,9 @@ import json
 import math
 import re
 import shutil
-import socket
-import subprocess
-import sys
+import signal
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +68,7 @@ from hypernodes_bench.batch_store import (
     openai_view,
     page,
 )
+from hypernodes_bench.loopback import Loopback, serve_until_orphaned
 
 __all__ = ["BatchServer", "DEFAULTS", "request_key"]
 
@@ -446,16 +444,12 @@ def _serve(args: argparse.Namespace) -> None:
     OnlineRoutes(store).add(app)
     _admin(app, store)
 
+    def on_port(port: int) -> None:
+        store.port = port
+
     async def main() -> None:
         runner = web.AppRunner(app, access_log=None, keepalive_timeout=3600)
-        await runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", args.port))
-        await web.SockSite(runner, sock, backlog=1024).start()
-        store.port = sock.getsockname()[1]
-        print(store.port, flush=True)
-        await asyncio.Event().wait()
+        await serve_until_orphaned(runner, args.port, on_port)
 
     try:
         asyncio.run(main())
@@ -465,9 +459,12 @@ def _serve(args: argparse.Namespace) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-class BatchServer:
+class BatchServer(Loopback):
     """The fake provider as a subprocess on 127.0.0.1 (a context manager); ``config`` are
     the knobs of the module docstring."""
+
+    module, what = "hypernodes_bench.batch_server", "the fake batch provider"
+    stop_signal = signal.SIGINT  # the server removes its folder
 
     def __init__(self, **config: Any) -> None:
         unknown = set(config) - set(DEFAULTS)
@@ -475,7 +472,7 @@ class BatchServer:
             raise TypeError(f"BatchServer: unknown knobs {sorted(unknown)}; "
                             f"known: {sorted(DEFAULTS)}")
         self.config = config
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc = None
         self.port = 0
 
     @property
@@ -489,55 +486,28 @@ class BatchServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> BatchServer:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hypernodes_bench.batch_server", "--port", "0",
-             "--config", json.dumps(self.config)], stdout=subprocess.PIPE)
-        line = self.proc.stdout.readline() if self.proc.stdout else b""
-        if not line.strip():
-            self.stop()
-            raise RuntimeError("the fake batch provider did not start")
-        self.port = int(line)
+        self._launch(["--config", json.dumps(self.config)])
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(2)  # SIGINT: the server removes its folder
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def _call(self, path: str, data: Any = None) -> Any:
-        body = None if data is None else json.dumps(data).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body,
-                                     method="GET" if data is None else "POST")
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
 
     def stats(self) -> dict[str, Any]:
         """Counters: files, batches, lines by outcome, online requests, tokens, cost,
         ``distinct`` requests, ``answered_max`` / ``answered_twice``..."""
-        return self._call("/stats")
+        return self.call("/stats")
 
     def counts(self) -> dict[str, list[int]]:
         """Per ``request_key``: ``[received, answered]`` over the batch and online paths."""
-        return self._call("/counts")
+        return self.call("/counts")
 
     def configure(self, **config: Any) -> dict[str, Any]:
         """Change knobs while running; returns the whole configuration."""
-        return self._call("/config", config)
+        return self.call("/config", config)
 
     def reset(self) -> None:
         """Zero the counters (files and batches stay)."""
-        self._call("/reset", {})
+        self.call("/reset", {})
 
     def __enter__(self) -> BatchServer:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -42,20 +42,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import math
-import os
 import random
 import re
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections import deque
 from typing import Any
 
 from aiohttp import web
+
+from hypernodes_bench.loopback import Loopback, serve_until_orphaned
 
 __all__ = ["LLMServer", "label_of", "tokens_of", "marker_failure"]
 
@@ -342,14 +339,6 @@ def _error(status: int, message: str, code: str, headers: dict[str, str]) -> Any
     return web.json_response(payload, status=status, headers=headers)
 
 
-async def until_orphaned(every: float = 1.0) -> None:
-    """Return once the process that started this server is gone (a test killed before its
-    ``stop()``): a loopback server never outlives its test run."""
-    parent = os.getppid()
-    while os.getppid() == parent:
-        await asyncio.sleep(every)
-
-
 def _serve(args: argparse.Namespace) -> None:
     app = App(args)
     web_app = web.Application()
@@ -382,19 +371,15 @@ def _serve(args: argparse.Namespace) -> None:
         # idle keep-alive connections stay open: a server closing one while a client sends
         # on it is a lost request for clients without a timeout
         runner = web.AppRunner(web_app, access_log=None, keepalive_timeout=3600)
-        await runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", args.port))
-        await web.SockSite(runner, sock, backlog=1024).start()
-        print(sock.getsockname()[1], flush=True)
-        await until_orphaned()
+        await serve_until_orphaned(runner, args.port)
 
     asyncio.run(main())
 
 
-class LLMServer:
+class LLMServer(Loopback):
     """The server as a subprocess on 127.0.0.1 (a context manager)."""
+
+    module, what = "hypernodes_bench.llm_server", "the loopback LLM server"
 
     def __init__(self, latency: tuple[float, float] = (0.010, 0.030), rpm: int | None = None,
                  tpm: int | None = None, window_seconds: float = 60.0, max_batch: int = 64,
@@ -417,58 +402,33 @@ class LLMServer:
 
     @property
     def base_url(self) -> str:
-        """What ``openai.AsyncOpenAI(base_url=...)`` takes."""
+        self.proc = None
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> LLMServer:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hypernodes_bench.llm_server", "--port", "0", *self.options],
-            stdout=subprocess.PIPE)
-        line = self.proc.stdout.readline() if self.proc.stdout else b""
-        if not line.strip():
-            self.stop()
-            raise RuntimeError("the loopback LLM server did not start")
-        self.port = int(line)
+        self._launch(self.options)
         return self
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
     def stats(self) -> dict[str, int]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=10) as r:
-            return json.loads(r.read())
+        return self.call("/stats", timeout=10)
 
     def answered(self) -> dict[str, int]:
         """Per last user message, the requests answered 200 (paid)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/answered", timeout=10) as r:
-            return json.loads(r.read())
+        return self.call("/answered", timeout=10)
 
     def keys(self) -> dict[str, dict[str, int]]:
         """Per API key: requests, ok, rate_limited, failed, max_in_flight, peak_window."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/keys", timeout=10) as r:
-            return json.loads(r.read())
+        return self.call("/keys", timeout=10)
 
     def log(self, key: str) -> list[tuple[float, int]]:
         """The requests of API ``key``: (arrival time, wall clock; status), in order."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/log", timeout=10) as r:
-            return [tuple(x) for x in json.loads(r.read()).get(key, [])]
+        return [tuple(x) for x in self.call("/log", timeout=10).get(key, [])]
 
     def reset(self) -> None:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/reset", method="POST")
-        urllib.request.urlopen(req, timeout=10).close()
+        self.call("/reset", {}, timeout=10)
 
     def __enter__(self) -> LLMServer:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
