@@ -14,7 +14,7 @@ import pytest
 from hypernodes_dist import Graph
 from hypernodes_dist.errors import UnpicklableError
 
-from .edge_nodes import factor_of, locked_failure, returns_lock
+from .edge_nodes import factor_of, fails_while_another_runs, locked_failure, returns_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,3 +156,18 @@ def test_mapped_values_from_a_module_workers_lack_are_told_what_to_do(distribute
     assert "hn_private_items" in text and "upload_file" in text and "install" in text
     sys.modules.pop("hn_private_items", None)
 
+
+
+def test_a_failed_partition_raises_after_the_running_ones_finish(tmp_path):
+    """On the process pool, the map raises only once the partitions still running have
+    finished: no work (no paid call, no cache write) goes on after it raised."""
+    from hypernodes_dask import DaskEngine
+
+    engine = DaskEngine(scheduler="processes", num_workers=2, partition_size=1)
+    try:
+        with pytest.raises(Exception, match="item 0 fails"):
+            Graph([fails_while_another_runs], engine=engine).map(
+                {"x": [0, 1], "log_dir": str(tmp_path)}, map_over="x")
+        assert (tmp_path / "1-finished").exists()
+    finally:
+        engine.close()

@@ -5,6 +5,7 @@ the calling thread), and a worker process that dies is reported with the keys it
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -37,9 +38,10 @@ def compute_local(engine: Any, dsk: dict[Any, Any], keys: list[Any],
 
     callbacks = [*Callback.active, (None, None, pretask, posttask, None)]
     processes = engine.processes
+    pool = _Kept(processes.pool(flows)) if processes is not None else None
     try:
-        if processes is not None:
-            dask.multiprocessing.get(dsk, keys, pool=processes.pool(flows),
+        if pool is not None:
+            dask.multiprocessing.get(dsk, keys, pool=pool,
                                      optimize_graph=False, chunksize=1, callbacks=callbacks)
         elif engine.scheduler == "threads":
             dask.threaded.get(dsk, keys, num_workers=threads, callbacks=callbacks)
@@ -49,3 +51,26 @@ def compute_local(engine: Any, dsk: dict[Any, Any], keys: list[Any],
         if processes is not None:
             processes.broken(flows)
         raise died(sorted(running, key=repr)) from exc
+    except Exception:
+        if pool is not None:  # the partitions still running finish first (no work, no
+            pool.settle()     # cache write goes on after the map raised)
+        raise
+
+
+class _Kept:
+    """A process pool that keeps what was submitted to it: ``get_async`` raises at the
+    first failed partition while the others still run in the pool; ``settle`` waits for
+    them (it submits only as many as there are processes)."""
+
+    def __init__(self, pool: ProcessPoolExecutor) -> None:
+        self._pool = pool
+        self._futures: list[Future[Any]] = []
+        self._max_workers: int = pool._max_workers  # type: ignore[attr-defined]  # get_async reads it
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future = self._pool.submit(fn, *args, **kwargs)
+        self._futures.append(future)
+        return future
+
+    def settle(self) -> None:
+        wait(self._futures)
