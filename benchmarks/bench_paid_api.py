@@ -164,6 +164,7 @@ def nonbinding(label: str, rows: int, rounds: int = 5) -> list[dict[str, Any]]:
     of any round)."""
     texts = [f"review {i}: " + "fine " * (i % 9) + "value" for i in range(rows)]
     best: dict[str, dict[str, Any]] = {}
+    every: dict[str, list[float]] = {}  # each round's seconds: the spread behind the best
     with LLMServer(latency=(0.010, 0.030)) as server:
         engine = SETUPS[label]()
         try:
@@ -176,6 +177,7 @@ def nonbinding(label: str, rows: int, rounds: int = 5) -> list[dict[str, Any]]:
             for r in range(rounds):
                 for run in (list(graphs) if r % 2 == 0 else list(reversed(graphs))):
                     row = _timed(server, graphs[run], texts, waits)
+                    every.setdefault(run, []).append(row["seconds"])
                     if run not in best or row["seconds"] < best[run]["seconds"]:
                         row["cpu_us_per_row"] = min(  # the least CPU of any round
                             row["cpu_us_per_row"], best.get(run, row)["cpu_us_per_row"])
@@ -187,7 +189,8 @@ def nonbinding(label: str, rows: int, rounds: int = 5) -> list[dict[str, Any]]:
             engine.close()
     base = best["no rate_limit"]["seconds"]
     return [{"run": f"ours: {label}, {run}", "rows": rows, **row,
-             "vs_no_limit": round(row["seconds"] / base, 3)} for run, row in best.items()]
+             "vs_no_limit": round(row["seconds"] / base, 3), "rounds_s": every[run]}
+            for run, row in best.items()]
 
 
 class _RateWaits:
