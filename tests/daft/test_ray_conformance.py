@@ -25,6 +25,7 @@ pytestmark = [
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.timeout(900)  # a whole pytest run on Ray in a subprocess (147 s loaded)
 def test_conformance_limits_usage_budgets_and_signals_on_daft_ray():
     # Ray runs its workers at niceness 15 by default: on a loaded machine they starve
     env = dict(os.environ, HYPERNODES_CONFORMANCE_DAFT="ray", RAY_USAGE_STATS_ENABLED="0",
