@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(PY) examples/enrich.py --rows 2000
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --reruns 1 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hypernodes_dist hypernodes_bench engines tests benchmarks examples
