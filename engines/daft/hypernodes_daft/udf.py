@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import cloudpickle
@@ -30,10 +30,9 @@ from daft import Series
 
 from hypernodes_dist.engines.kit import unpicklable
 from hypernodes_dist.errors import portable
-from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.batch import run_batch as run_batch_async
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
-from hypernodes_dist.execution.syncio import on_process_loop
+from hypernodes_dist.execution.syncio import on_process_loop, run_sync
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.limits import shared
 
@@ -46,6 +45,8 @@ _MAILBOX: dict[bytes, Any] = {}
 _CANCELLED: set[str] = set()
 _serial = itertools.count()
 _lock = threading.Lock()
+# how a UDF awaits one batch's coroutine: in place, or on the process loop
+RunChunk = Callable[[Coroutine[Any, Any, BatchResult]], Awaitable[BatchResult]]
 
 
 class Failure:
@@ -66,50 +67,48 @@ def make_udf(
     """The function a Daft batch UDF wraps (plan, broadcast and settings in its closure):
     rows in, a column of pickled cells out (a coroutine of it for the flowing, async UDF)."""
 
-    def start(rows: Series, columns: tuple[Series, ...]) -> tuple[int, list[Chunk]] | None:
+    def start(rows: Series, columns: tuple[Series, ...]) -> list[Chunk] | None:
         if not local:
             watch()  # this Ray worker tears its resources down when the engine closes
         if token in _CANCELLED if local else _stopped_on_ray(token):  # the map has stopped
             return None
         ids = rows.to_pylist()
         values = [c.to_pylist() for c in columns]
-        return len(ids), [Chunk(ids[a], b - a, {k: v[a:b] for k, v in zip(names, values)},
-                                broadcast) for a, b in consecutive_runs(ids)]
+        return [Chunk(ids[a], b - a, {k: v[a:b] for k, v in zip(names, values)}, broadcast)
+                for a, b in consecutive_runs(ids)]
 
-    def cells(n: int, outcome: list[BatchResult] | Failure) -> pa.Array:
+    async def outcome(chunks: list[Chunk], run: RunChunk) -> list[BatchResult] | Failure:
+        try:
+            return [await run(run_batch_async(plan, chunk, settings)) for chunk in chunks]
+        except Exception as exc:  # on_error="raise": the first failure, annotated by the core
+            return Failure(exc if local else portable(exc))
+
+    def cells(n: int, found: list[BatchResult] | Failure | None) -> pa.Array:
+        if found is None:  # the map has stopped: no payload
+            return pa.nulls(n, pa.large_binary())
         out: list[bytes | None] = [None] * n
-        out[0] = _send(outcome, token, local)
+        out[0] = _send(found, token, local)
         return pa.array(out, pa.large_binary())
 
     def run_batch(rows: Series, *columns: Series) -> pa.Array:
-        todo = start(rows, columns)
-        if todo is None:
-            return pa.nulls(len(rows), pa.large_binary())
-        n, chunks = todo
-        try:
-            outcome: list[BatchResult] | Failure = [
-                execute_batch(plan, chunk, settings) for chunk in chunks]
-        except Exception as exc:  # on_error="raise": the first failure, annotated by the core
-            outcome = Failure(exc if local else portable(exc))
-        return cells(n, outcome)
+        chunks = start(rows, columns)  # (a Ray round trip: not on the process loop)
+        return cells(len(rows), None if chunks is None else run_sync(
+            outcome(chunks, _awaited), needs_loop=plan.is_async or plan.flows))
 
     async def flow_batch(rows: Series, *columns: Series) -> pa.Array:
         """Plans whose items flow, on the native runner: batches are coroutines of Daft's
         loop, several at once, so one ending with its slowest item holds back none; their
         calls run on the process loop (where every async call of a process runs)."""
-        todo = start(rows, columns)
-        if todo is None:
-            return pa.nulls(len(rows), pa.large_binary())
-        n, chunks = todo
-        try:
-            outcome: list[BatchResult] | Failure = [
-                await on_process_loop(run_batch_async(plan, chunk, settings))
-                for chunk in chunks]
-        except Exception as exc:
-            outcome = Failure(exc)
-        return cells(n, outcome)
+        chunks = start(rows, columns)
+        return cells(len(rows), None if chunks is None else await outcome(chunks, on_process_loop))
 
     return flow_batch if local and plan.flows else run_batch
+
+
+async def _awaited(batch: Coroutine[Any, Any, BatchResult]) -> BatchResult:
+    """A batch awaited where the UDF runs (``run_sync``: on the process loop when the plan
+    is async, else driven without a loop, as ``execute_batch`` does)."""
+    return await batch
 
 
 def consecutive_runs(ids: list[int]) -> list[tuple[int, int]]:

@@ -77,30 +77,6 @@ class _Rate:
         return start
 
 
-class _Shared:
-    """A ``SharedValue`` of the cluster: the scheduler's metadata, updated under a
-    ``distributed.Lock`` (a map's budget totals, a node's Retry-After hold-off)."""
-
-    def __init__(self, key: str) -> None:
-        from distributed import Lock, get_client
-
-        self.lock = Lock(f"hypernodes-shared-{key}")
-        self.client = get_client()
-        self.path = ["hypernodes-shared", key]
-
-    def get(self) -> Any:
-        return self.client.get_metadata(self.path, default=None)
-
-    def update(self, change: Callable[[Any], Any]) -> Any:
-        with self.lock:
-            value = change(self.client.get_metadata(self.path, default=None))
-            self.client.set_metadata(self.path, value)
-        return value
-
-    def remove(self) -> None:
-        self.client.set_metadata(self.path, None)
-
-
 class DriverShared:
     """A cluster's shared value seen from the driver (``Engine.driver_shared``): the
     scheduler's metadata, read and set from the driver's client. ``update`` takes no lock:
@@ -121,6 +97,22 @@ class DriverShared:
 
     def remove(self) -> None:
         self.client.set_metadata(self.path, None)
+
+
+class _Shared(DriverShared):
+    """A ``SharedValue`` of the cluster as a task sees it: the same metadata through the
+    worker's client, updated under a ``distributed.Lock`` (a map's budget totals, a node's
+    Retry-After hold-off)."""
+
+    def __init__(self, key: str) -> None:
+        from distributed import Lock, get_client
+
+        super().__init__(get_client(), key)
+        self.lock = Lock(f"hypernodes-shared-{key}")
+
+    def update(self, change: Callable[[Any], Any]) -> Any:
+        with self.lock:
+            return super().update(change)
 
 
 class DistributedLimits(LimitsBackend):
