@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -36,7 +37,6 @@ from hypernodes_dist.batchapi.transport import (
     SUCCEEDED,
     BatchFile,
     BatchInfo,
-    BatchNotFoundError,
     FileLimits,
     Line,
     LineResult,
@@ -102,12 +102,8 @@ class AnthropicBatches:
         return _info(batch)
 
     async def status(self, batch_id: str) -> BatchInfo:
-        try:
-            return _info(await self.call(self.client.messages.batches.retrieve, batch_id))
-        except Exception as exc:
-            if http_status(exc) == 404:
-                raise BatchNotFoundError(batch_id, self.provider) from exc
-            raise
+        return await self.call.about(self.client.messages.batches.retrieve, batch_id,
+                                     self.provider, _info)
 
     async def results(self, info: BatchInfo) -> AsyncIterator[LineResult]:
         url = info.results_url or f"{ENDPOINT}/batches/{info.id}/results"
@@ -118,33 +114,22 @@ class AnthropicBatches:
                 yield _line_result(raw)
 
     async def cancel(self, batch_id: str) -> BatchInfo:
-        try:
-            return _info(await self.call(self.client.messages.batches.cancel, batch_id))
-        except Exception as exc:
-            status = http_status(exc)
-            if status == 404:
-                raise BatchNotFoundError(batch_id, self.provider) from exc
-            if status in (400, 409):
-                return await self.status(batch_id)
-            raise
+        return await self.call.about(self.client.messages.batches.cancel, batch_id,
+                                     self.provider, _info, over=self.status)
 
     async def list_batches(self, since: float | None = None) -> list[BatchInfo]:
         found: list[BatchInfo] = []
-        after: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": 100, **({"after_id": after} if after else {})}
-            page = await self.call(self.client.messages.batches.list, **kwargs)
-            data = list(page.data)
-            for batch in data:
-                info = _info(batch)
-                if since is not None and info.created_at < since:
-                    return found
-                mine = await self._owned(info)
-                if mine is not False:
-                    found.append(info if mine else _unconfirmed(info))
-            if not data or page.has_more is False or data[-1].id == after:
-                return found
-            after = data[-1].id
+        batches = self.call.pages(self.client.messages.batches.list, "after_id")
+        async with aclosing(batches) as pages:
+            async for data in pages:
+                for batch in data:
+                    info = _info(batch)
+                    if since is not None and info.created_at < since:
+                        return found
+                    mine = await self._owned(info)
+                    if mine is not False:
+                        found.append(info if mine else _unconfirmed(info))
+        return found
 
     async def _owned(self, info: BatchInfo) -> bool | None:
         """True/False once the batch has ended (its first result's custom_id), None before."""

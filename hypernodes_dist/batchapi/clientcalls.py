@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from hypernodes_dist.batchapi.transport import BatchNotFoundError
 
 __all__ = ["ClientCalls", "http_status"]
+
+T = TypeVar("T")
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -36,6 +40,37 @@ class ClientCalls:
             out = fn(*args, **kwargs)
             return await out if inspect.isawaitable(out) else out
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def about(self, fn: Callable[[str], Any], batch_id: str, provider: str,
+                    read: Callable[[Any], T],
+                    over: Callable[[str], Awaitable[T]] | None = None) -> T:
+        """``read(fn(batch_id))``, a call about one batch: a 404 raises
+        ``BatchNotFoundError``; with ``over``, a 400/409 (the batch is already over, for a
+        cancel) returns ``over(batch_id)``."""
+        try:
+            found = await self(fn, batch_id)
+        except Exception as exc:
+            status = http_status(exc)
+            if status == 404:
+                raise BatchNotFoundError(batch_id, provider) from exc
+            if over is not None and status in (400, 409):
+                return await over(batch_id)
+            raise
+        return read(found)
+
+    async def pages(self, fn: Callable[..., Any], after: str) -> AsyncIterator[list[Any]]:
+        """The items of a list method, a page of 100 at a time, newest first; ``after``
+        names the method's cursor keyword (the last item's id). Ends at an empty page, at
+        ``has_more`` false, or when the server ignores the cursor (the same last id)."""
+        last: str | None = None
+        while True:
+            page = await self(fn, limit=100, **({after: last} if last else {}))
+            data = list(page.data)
+            if data:
+                yield data
+            if not data or page.has_more is False or data[-1].id == last:
+                return
+            last = data[-1].id
 
     async def first(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """The first item of a streamed result (``fn`` returns an iterable decoder),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import aclosing
 from typing import Any, ClassVar
 
 from hypernodes_dist.batchapi.clientcalls import ClientCalls, http_status
@@ -29,7 +30,6 @@ from hypernodes_dist.batchapi.transport import (
     BatchError,
     BatchFile,
     BatchInfo,
-    BatchNotFoundError,
     FileLimits,
     Line,
     LineResult,
@@ -112,12 +112,7 @@ class OpenAIBatches:
         return _info(batch)
 
     async def status(self, batch_id: str) -> BatchInfo:
-        try:
-            return _info(await self.call(self.client.batches.retrieve, batch_id))
-        except Exception as exc:
-            if http_status(exc) == 404:
-                raise BatchNotFoundError(batch_id, self.provider) from exc
-            raise
+        return await self.call.about(self.client.batches.retrieve, batch_id, self.provider, _info)
 
     async def results(self, info: BatchInfo) -> AsyncIterator[LineResult]:
         for file_id in (info.output_file_id, info.error_file_id):
@@ -129,31 +124,19 @@ class OpenAIBatches:
                     yield _line_result(raw)
 
     async def cancel(self, batch_id: str) -> BatchInfo:
-        try:
-            return _info(await self.call(self.client.batches.cancel, batch_id))
-        except Exception as exc:
-            status = http_status(exc)
-            if status == 404:
-                raise BatchNotFoundError(batch_id, self.provider) from exc
-            if status in (400, 409):  # already over
-                return await self.status(batch_id)
-            raise
+        return await self.call.about(self.client.batches.cancel, batch_id, self.provider, _info,
+                                     over=self.status)  # a 400/409: already over
 
     async def list_batches(self, since: float | None = None) -> list[BatchInfo]:
         found: list[BatchInfo] = []
-        after: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": 100, **({"after": after} if after else {})}
-            page = await self.call(self.client.batches.list, **kwargs)
-            data = list(page.data)
-            for batch in data:
-                if since is not None and batch.created_at < since:
-                    return found
-                if (batch.metadata or {}).get("hn_map") == self.meta_map:
-                    found.append(_info(batch))
-            if not data or page.has_more is False or data[-1].id == after:
-                return found  # (the last: a server ignoring ``after`` ends the walk)
-            after = data[-1].id
+        async with aclosing(self.call.pages(self.client.batches.list, "after")) as pages:
+            async for data in pages:
+                for batch in data:
+                    if since is not None and batch.created_at < since:
+                        return found
+                    if (batch.metadata or {}).get("hn_map") == self.meta_map:
+                        found.append(_info(batch))
+        return found
 
     async def delete_files(self, info: BatchInfo) -> None:
         for file_id in (info.input_file_id, info.output_file_id, info.error_file_id):
