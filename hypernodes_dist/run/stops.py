@@ -33,6 +33,10 @@ class Kept(NamedTuple):
     how: str
     where: str = ""
 
+    def say(self, into: str, cache: str, nowhere: str) -> str:
+        """The one of three phrasings that fits where the rows are kept."""
+        return into if self.how == "into" else cache if self.how == "cache" else nowhere
+
 
 class Stop(NamedTuple):
     """A map's stop: ``label`` for the bar, ``message`` the one line, ``budget`` whether a
@@ -64,13 +68,9 @@ def budget_stop(limits: Mapping[str, float], done: int, total: int | None, unit:
         "run (BudgetExceededError in MapResult.errors)" if refused is not None
         else "written" if kept.how == "into" else "finished")
     again = "rerun the same map with a larger budget to continue"
-    if kept.how == "into":
-        keep = f"the finished rows are kept in {kept.where}: {again}"
-    elif kept.how == "cache":
-        keep = f"finished {unit}s are cached (not paid again): {again}"
-    else:
-        keep = (f"{again} (with cache= or into=, or the rerun pays for every {unit} "
-                "again)")
+    keep = kept.say(f"the finished rows are kept in {kept.where}: {again}",
+                    f"finished {unit}s are cached (not paid again): {again}",
+                    f"{again} (with cache= or into=, or the rerun pays for every {unit} again)")
     message = f"budget {_limits(limits)} reached after {_of(done, total, unit)}{what}; {keep}"
     return Stop(f"stopped: budget {_limits(limits)} reached", message, True)
 
@@ -83,13 +83,11 @@ def error_stop(exc: BaseException, done: int, total: int | None, unit: str,
     where = getattr(exc, "hn_node", None)
     cause = "interrupted" if interrupted else f"stopped by {name}" + (
         f" in node {where!r}" if where else "")
-    if kept.how == "into":
-        keep = f"rows already written to {kept.where} are kept: rerun the same map to continue"
-    elif kept.how == "cache":
-        keep = f"finished {unit}s are in the cache: rerun the same map to continue"
-    else:
-        keep = (f"results of finished {unit}s are lost; pass cache= (or map into=) to keep "
-                "them across a stop")
+    keep = kept.say(
+        f"rows already written to {kept.where} are kept: rerun the same map to continue",
+        f"finished {unit}s are in the cache: rerun the same map to continue",
+        f"results of finished {unit}s are lost; pass cache= (or map into=) to keep them "
+        "across a stop")
     fix = "" if interrupted else " (fix the error, or pass on_error=\"collect\")"
     label = "interrupted" if interrupted else f"stopped: {name}"
     return Stop(label, f"map {cause} after {_of(done, total, unit)}; {keep}{fix}", False)
