@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from hypernodes_dist.batchapi.transport import BatchNotFoundError
@@ -58,7 +58,7 @@ class ClientCalls:
             raise
         return read(found)
 
-    async def pages(self, fn: Callable[..., Any], after: str) -> AsyncIterator[list[Any]]:
+    async def pages(self, fn: Callable[..., Any], after: str) -> AsyncGenerator[list[Any], None]:
         """The items of a list method, a page of 100 at a time, newest first; ``after``
         names the method's cursor keyword (the last item's id). Ends at an empty page, at
         ``has_more`` false, or when the server ignores the cursor (the same last id)."""
