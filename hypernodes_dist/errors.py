@@ -20,6 +20,7 @@ __all__ = [
     "BatchLengthError",
     "BudgetExceededError",
     "WindowLimitError",
+    "WaitingForBatch",
     "MapStoppedWarning",
     "NodeError",
     "EngineNotFoundError",
@@ -164,6 +165,19 @@ class WindowLimitError(ValueError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.node, self.quantity, self.amount, self.limit,
                              self.per), self.__dict__)
+
+
+class WaitingForBatch(Exception):  # noqa: N818 - an item's outcome, not a failure
+    """An item's call was recorded for a provider batch (``@node(batch_api=True)``): the
+    item waits for the answer. The executors keep it apart from failures (not an error,
+    not cached, not written); never retried."""
+
+    def __init__(self, node: str = "", digest: str = "") -> None:
+        super().__init__(f"node {node!r} waits for a provider batch ({digest})")
+        self.node, self.digest = node, digest
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.node, self.digest), self.__dict__)
 
 
 class MapStoppedWarning(UserWarning):

@@ -248,6 +248,7 @@ class Graph:
         commit_seconds: float | None = None,
         budget: Mapping[str, float] | None = None,
         on_budget: Callable[[str, float, float], float | None] | None = None,
+        wait: bool = True,
     ) -> Any:
         """Run the graph once per item (each its own run, all sharing one session); a graph
         with an ``InterruptNode`` raises ``TypeError``. The README details each argument. Args:
@@ -264,6 +265,8 @@ class Graph:
                 finished row waits for its file. budget: ``{quantity: max}`` metered by
                 this map (0: no metered call starts). on_budget: ``ask(quantity, spent,
                 limit)`` in the driver when spent: a new limit, or ``None`` to stop.
+            wait: with ``batch_api`` nodes, ``False`` returns once every request is
+                submitted (``.pending`` rows wait; rerun the same map to collect).
 
         Returns a ``MapResult`` (a ``GraphResult`` per item, in item order), or with
         ``into`` a ``DatasetResult``.
@@ -274,7 +277,7 @@ class Graph:
         common: dict[str, Any] = dict(
             session_id=session_id, select=select, on_error=on_error, progress=progress,
             cache=self.cache, callbacks=self.callbacks, budget=budget,
-            on_budget=on_budget)
+            on_budget=on_budget, wait=wait)
         if into is not None or source is not None:
             # pyarrow (and pandas/dask/daft for their sources) load only for dataset maps
             from hypernodes_dist.run.datasetrun import read_columns, run_dataset

@@ -83,6 +83,8 @@ class HyperNode:
         batch_size: int | None = None,
         scalars: str | Iterable[str] = (),
         max_retry_after: Any = MAX_RETRY_AFTER,
+        batch_api: bool = False,
+        online_after: float | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"node name must be a non-empty string, got {name!r}")
@@ -109,6 +111,8 @@ class HyperNode:
         self.streaming = bool(streaming) or self.is_generator
         self.batch_size = _batch_size(name, batch_size, self.streaming)
         self.scalars = _scalars(name, scalars, self.params)
+        self.batch_api, self.online_after = _batch_api(name, batch_api, online_after,
+                                                       self.streaming, self.batch_size)
         self.unkeyed: frozenset[str] = frozenset()  # inputs left out of its cache key
         # a stream that yields nothing is the empty value of its kind ([], "", b"", {})
         self.empty: type = _stream_kind(func) if self.streaming and func is not None else list
@@ -159,6 +163,27 @@ def _batch_size(name: str, size: Any, streaming: bool) -> int | None:
         raise ValueError(f"node {name!r}: a streaming node cannot have a batch_size (its "
                          "chunks belong to one item); drop batch_size or streaming")
     return size
+
+
+def _batch_api(name: str, batch_api: Any, online_after: Any, streaming: bool,
+               batch_size: int | None) -> tuple[bool, float | None]:
+    """Valid ``batch_api`` / ``online_after`` (provider Batch APIs, ``batchapi/``)."""
+    if not isinstance(batch_api, bool):
+        raise ValueError(f"node {name!r}: batch_api must be True or False, got {batch_api!r}")
+    if online_after is not None:
+        if not batch_api:
+            raise ValueError(f"node {name!r}: online_after applies to batch_api=True nodes "
+                             "(how long a batch may run before its requests go online)")
+        if (isinstance(online_after, bool) or not isinstance(online_after, (int, float))
+                or not online_after > 0):
+            raise ValueError(f"node {name!r}: online_after must be a number of seconds > 0 "
+                             f"(or None: never), got {online_after!r}")
+        online_after = float(online_after)
+    if batch_api and (streaming or batch_size is not None):
+        raise ValueError(f"node {name!r}: a batch_api=True node is called once per item and "
+                         "returns one value (no streaming, no batch_size); its provider calls "
+                         "are batched for it")
+    return batch_api, online_after
 
 
 def _scalars(name: str, scalars: str | Iterable[str], params: tuple[str, ...]
@@ -351,6 +376,8 @@ def node(
     batch_size: int | None = None,
     scalars: str | Sequence[str] = (),
     max_retry_after: float = MAX_RETRY_AFTER,
+    batch_api: bool = False,
+    online_after: float | None = None,
 ) -> Any:
     """Make a function a graph node writing ``output_name`` (a tuple return is unpacked).
 
@@ -370,6 +397,11 @@ def node(
     policies apply per call (``hypernodes_dist.execution.batching``). ``scalars=("model",)``:
     those parameters get one value per call, not a list; items whose values of them differ
     go to different calls (``ValueError`` here if one is not a parameter).
+
+    ``batch_api=True``: the calls of ``openai``/``anthropic`` clients the node receives from
+    ``@resource``s go through the provider's Batch API (half price, answered within 24 h);
+    the node's code is unchanged. ``online_after=S``: a batch still running S seconds after
+    its submission is cancelled and its unanswered requests are sent online.
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionNode:
@@ -384,6 +416,7 @@ def node(
             streaming=streaming, retries=retries, backoff=backoff, timeout=timeout,
             version=version, concurrency=concurrency, rate_limit=rate_limit, retry_on=retry_on,
             batch_size=batch_size, scalars=scalars, max_retry_after=max_retry_after,
+            batch_api=batch_api, online_after=online_after,
         )
 
     return wrap(func) if func is not None else wrap

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NodeExecution", "GraphResult", "MapResult", "ErrorList", "Failure", "Status"]
 
-Status = Literal["complete", "interrupted", "error"]
+Status = Literal["complete", "interrupted", "error", "pending"]  # pending: waits for a batch
 
 
 @dataclass
@@ -285,8 +285,9 @@ class MapResult(list):
 
     @property
     def rows(self) -> int:
-        """Items that ran to an end, succeeded or failed: ``rows + unfinished == len(self)``."""
-        return len(self) - self.unfinished
+        """Items that ran to an end, succeeded or failed:
+        ``rows + unfinished + pending == len(self)``."""
+        return len(self) - self.unfinished - self.pending
 
     def column(self, name: str) -> list[Any]:
         """Every item's value of output ``name`` (``None`` where an item has none)."""

@@ -20,8 +20,9 @@ import time
 from typing import Any
 
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, batch_writes
-from hypernodes_dist.errors import portable
+from hypernodes_dist.errors import WaitingForBatch, portable
 from hypernodes_dist.events import RunEndEvent, RunStartEvent
+from hypernodes_dist.execution.batchwait import LINK
 from hypernodes_dist.execution.columnar import run_columnar
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.flow import run_flow
@@ -53,13 +54,17 @@ async def run_batch(
     plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None = None
 ) -> BatchResult:
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
-    with batch_writes(settings.cache, writes) as buffer:
-        if plan.flows:
-            result: BatchResult = await run_flow(plan, chunk, settings, buffer)
-        elif plan.columnar:
-            result = await run_columnar(plan, chunk, settings, buffer)
-        else:
-            result = await _per_item(plan, chunk, settings, buffer)
+    link = LINK.set(settings.batch)  # batch_api nodes record and read answers there
+    try:
+        with batch_writes(settings.cache, writes) as buffer:
+            if plan.flows:
+                result: BatchResult = await run_flow(plan, chunk, settings, buffer)
+            elif plan.columnar:
+                result = await run_columnar(plan, chunk, settings, buffer)
+            else:
+                result = await _per_item(plan, chunk, settings, buffer)
+    finally:
+        LINK.reset(link)
     result.worker = worker_id()
     result.run_prefix = settings.run_prefix
     if settings.progress is not None:
@@ -123,6 +128,8 @@ async def _run_item(plan: Plan, state: RunState, ctx: RunContext, result: RunsRe
     error = None
     try:
         await Scheduler(plan, state, ctx).run()
+    except WaitingForBatch:
+        result.waiting.append(i)
     except Exception as exc:
         error = _fail(exc, settings)
         result.errors[i] = error

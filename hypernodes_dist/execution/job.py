@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.events import Event
 from hypernodes_dist.execution.batching import fit_size
+from hypernodes_dist.execution.batchwait import BatchLink
 from hypernodes_dist.execution.progress import ProgressChannel
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
@@ -61,9 +62,16 @@ class BatchSettings:
     handlers: dict[str, Callable[[Any], Any]] | None = None
     budget: Budget | None = None  # map(budget=...): metered calls stop once it is spent
     progress: ProgressChannel | None = None  # rows finished, sent to the driver as they end
+    batch: BatchLink | None = None  # batch_api nodes: where calls are recorded and answered
+    # a map's waiting items run again: position -> the item's index in the map
+    items: Sequence[int] | None = None
+
+    def item(self, index: int) -> int:
+        """The map's index of the job's item ``index``."""
+        return index if self.items is None else self.items[index]
 
     def run_id(self, index: int) -> str:
-        return f"{self.run_prefix}{index}"
+        return f"{self.run_prefix}{self.item(index)}"
 
 
 @dataclass
@@ -102,6 +110,7 @@ class BatchResult:
     usage: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)  # node -> calls made (batch nodes:
     # function calls; the others: executions that ran)
+    waiting: list[int] = field(default_factory=list)  # local items waiting for a batch
 
     def usage_totals(self) -> dict[str, dict[str, float]]:
         """Per node: ``calls`` (executions that ran; batch nodes: function calls) and the sum

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypernodes_dist.cache.keys import Keys, WriteBuffer
-from hypernodes_dist.errors import annotate, portable
+from hypernodes_dist.errors import WaitingForBatch, annotate, portable
 from hypernodes_dist.events import BatchEvent, Event, NodeColumns, NodeErrorEvent
+from hypernodes_dist.execution.batchwait import LINK
 from hypernodes_dist.execution.cacheview import CacheView
 from hypernodes_dist.execution.clock import Clock
 from hypernodes_dist.execution.context import worker_id
@@ -54,7 +55,8 @@ class BatchState:
     active: dict[str, set[int]]  # branch/gate target -> the items that chose it
     wanted: set[str]
     record: Record | None = None
-    failed: dict[int, BaseException] = field(default_factory=dict)
+    failed: dict[int, BaseException] = field(default_factory=dict)  # waiting items too
+    waiting: set[int] = field(default_factory=set)  # items waiting for a provider batch
     ended: set[int] = field(default_factory=set)  # items a gate ENDed
     node_keys: dict[str, list[str]] = field(default_factory=dict)
     src_keys: dict[str, list[str | None]] = field(default_factory=dict)  # output -> its run's key
@@ -79,6 +81,7 @@ def new_state(plan: Plan, chunk: Chunk, settings: BatchSettings,
     """A fresh state for ``chunk``: its columns copied, nothing run."""
     cache = settings.cache
     now = time.time()
+    LINK.set(settings.batch)  # the item flow's tasks copy it (run_batch resets it)
     return BatchState(
         plan, chunk, settings, writes, CacheView(cache, writes),
         Keys(plan, cache) if cache is not None else None, chunk.n,
@@ -100,10 +103,16 @@ def advance(st: BatchState, calls: int) -> None:
 
 # -- storing what ran ------------------------------------------------------------------
 def record_failure(st: BatchState, node: HyperNode, i: int, exc: BaseException) -> None:
-    """Item ``i`` failed in ``node``: annotated, raised (``on_error="raise"``) or kept."""
-    index = st.chunk.offset + i
-    annotate(exc, node.name, index)
+    """Item ``i`` failed in ``node``: annotated, raised (``on_error="raise"``) or kept. An
+    item waiting for a provider batch (``WaitingForBatch``) is kept apart: not an error, no
+    event; it runs no further node (``failed`` holds it too, until ``build_result``)."""
     settings = st.settings
+    if isinstance(exc, WaitingForBatch):
+        st.failed[i] = exc
+        st.waiting.add(i)
+        return
+    index = settings.item(st.chunk.offset + i)
+    annotate(exc, node.name, index)
     if settings.on_error == "raise":
         raise exc
     st.failed[i] = portable(exc)
@@ -208,18 +217,20 @@ def build_result(st: BatchState) -> ColumnarResult:
         for i in st.failed:
             for col in outputs.values():
                 col[i] = MISSING
+    errors = {i: e for i, e in st.failed.items() if i not in st.waiting}
     ran = {name: c.count(RAN) for name, c in st.codes.items()}
     times = dict(st.times)
     for name, (positions, clock) in st.timing.items():
         times[name] = (positions, [TimedSpan(0, len(positions), 0.0, 0.0, clock)])
     result = ColumnarResult(
-        st.chunk.offset, n, outputs, dict(st.failed), executed=sum(ran.values()),
+        st.chunk.offset, n, outputs, errors, executed=sum(ran.values()),
         hits=sum(c.count(HIT) for c in st.codes.values()), worker=worker_id(),
         run_prefix=st.settings.run_prefix, usage=st.usage,
         calls={name: st.calls.get(name, count) for name, count in ran.items()},
         order=tuple(node.name for node in st.plan.nodes), codes=st.codes, times=times,
         clock=st.clock, started=st.started,
-        node_outputs={node.name: node.outputs for node in st.plan.nodes})
+        node_outputs={node.name: node.outputs for node in st.plan.nodes},
+        waiting=sorted(st.waiting))
     if st.settings.want_events:
         result.events = [_batch_event(st)]
     return result
@@ -230,4 +241,5 @@ def _batch_event(st: BatchState) -> BatchEvent:
     return BatchEvent(
         session_id=s.session_id, run_id=s.run_prefix, offset=st.chunk.offset, n=st.n,
         graph_id=st.plan.graph_hash, started_at=st.started, ended_at=time.time(),
-        clock=st.clock, errors=dict(st.failed), worker=worker_id(), parts=st.events)
+        clock=st.clock, worker=worker_id(), parts=st.events,
+        errors={i: e for i, e in st.failed.items() if i not in st.waiting})

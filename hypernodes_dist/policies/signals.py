@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from hypernodes_dist.errors import BudgetExceededError, WindowLimitError
+from hypernodes_dist.errors import BudgetExceededError, WaitingForBatch, WindowLimitError
 
 __all__ = ["retry_after", "should_retry", "quota_exhausted", "final", "MAX_RETRY_AFTER",
            "QUOTA_CODES"]
@@ -81,7 +81,8 @@ def quota_exhausted(exc: BaseException) -> bool:
 def final(exc: BaseException) -> bool:
     """Whether waiting and trying again cannot help ``exc`` (no retry, no hold-off, no
     back-off of the node's concurrency)."""
-    return isinstance(exc, (BudgetExceededError, WindowLimitError)) or quota_exhausted(exc)
+    return (isinstance(exc, (BudgetExceededError, WindowLimitError, WaitingForBatch))
+            or quota_exhausted(exc))
 
 
 def _quota_in(body: Any) -> bool:

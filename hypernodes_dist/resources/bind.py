@@ -17,16 +17,25 @@ import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from hypernodes_dist.batchapi.recording import (
+    BatchWait,
+    BudgetRefusal,
+    UnbatchableCall,
+    answered_scope,
+)
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine, hash_value
 from hypernodes_dist.errors import GraphBuildError
+from hypernodes_dist.execution.batchwait import outcome, swap_clients
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.policies.learned import watch
 from hypernodes_dist.policies.spec import Policy
 from hypernodes_dist.resources import registry
 from hypernodes_dist.resources.declare import Resource
 
-__all__ = ["split_resources", "bind_resources", "resource_identities"]
+__all__ = ["split_resources", "bind_resources", "resource_identities", "node_clients"]
+
+_SIGNALS = (BatchWait, UnbatchableCall, BudgetRefusal)
 
 
 def split_resources(items: Iterable[Any]) -> tuple[list[HyperNode], dict[str, Resource]]:
@@ -64,6 +73,12 @@ def resource_identities(resources: Mapping[str, Resource]) -> dict[str, str]:
 
 def bind_resources(nodes: Sequence[HyperNode], resources: Mapping[str, Resource]) -> list[HyperNode]:
     """``nodes`` with every node that takes a resource bound to it (see the module doc)."""
+    bad = [n.name for n in nodes if n.batch_api and not any(p in resources for p in n.params)]
+    if bad:
+        raise GraphBuildError(
+            f"node(s) {', '.join(map(repr, bad))}: batch_api=True batches the calls of the "
+            "openai/anthropic clients a node receives from a @resource; give the node its "
+            "client as a resource parameter (or set batch_api=False)")
     if not resources:
         return list(nodes)
     produced = {o: n.name for n in nodes for o in n.outputs}
@@ -74,6 +89,16 @@ def bind_resources(nodes: Sequence[HyperNode], resources: Mapping[str, Resource]
     idents = resource_identities(resources)
     return [_bound(n, resources, idents) if any(p in resources for p in n.params) else n
             for n in nodes]
+
+
+def node_clients(node: HyperNode, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The resources ``node`` receives, built in this process from ``values`` (the inputs
+    they read): the driver's copies of a ``batch_api`` node's clients."""
+    fetch: _Fetch | None = getattr(node, "fetch_resources", None)
+    if fetch is None:
+        return {}
+    built = fetch.get(values)
+    return {p: built[p] for p in node.resources}
 
 
 def _needed(names: Iterable[str], resources: Mapping[str, Resource]) -> list[Resource]:
@@ -110,7 +135,8 @@ def _bound(node: HyperNode, resources: Mapping[str, Resource], idents: Mapping[s
     # a sync node taking an async resource awaits it: the bound node is async
     bound.is_async = node.is_async or any(r.is_async for r in needed)
     bound.policy = _with_limits(node, [resources[p] for p in direct], idents)
-    bound.func = _caller(node, bound.is_async, direct, needed, tuple(hidden), idents)
+    bound.fetch_resources = fetch = _Fetch(needed, idents)  # type: ignore[attr-defined]
+    bound.func = _caller(node, bound.is_async, direct, fetch, tuple(hidden))
     return bound
 
 
@@ -132,13 +158,15 @@ def _with_limits(node: HyperNode, received: list[Resource], idents: Mapping[str,
     return dataclasses.replace(node.policy or Policy(node.name), shared=shared)
 
 
-def _caller(node: HyperNode, is_async: bool, direct: list[str], needed: list[Resource],
-            hidden: tuple[str, ...], idents: Mapping[str, str]) -> Callable[..., Any]:
+def _caller(node: HyperNode, is_async: bool, direct: list[str], fetch: _Fetch,
+            hidden: tuple[str, ...]) -> Callable[..., Any]:
     """The bound node's function: fetch the resources, call the original with them (an
-    async caller awaits async resources; a sync function is then called from it)."""
+    async caller awaits async resources; a sync function is then called from it). In a
+    ``batch_api`` node the clients are recording copies (``execution/batchwait.py``)."""
     func = node.func
     assert func is not None
-    fetch = _Fetch(needed, idents)
+
+    pick = functools.partial(swap_clients if node.batch_api else _direct, names=direct)
 
     def take(kwargs: dict[str, Any]) -> dict[str, Any]:
         """Every value given (what resources read); the hidden inputs leave ``kwargs``."""
@@ -150,7 +178,7 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], needed: list[Res
     if is_async and node.is_generator:
         async def call(**kwargs: Any) -> Any:
             built = await fetch.aget(take(kwargs))
-            chunks = func(**kwargs, **{p: built[p] for p in direct})
+            chunks = func(**kwargs, **pick(built))
             if hasattr(chunks, "__aiter__"):
                 async for chunk in chunks:
                     yield chunk
@@ -160,19 +188,47 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], needed: list[Res
     elif is_async:
         async def call(**kwargs: Any) -> Any:  # type: ignore[misc]
             built = await fetch.aget(take(kwargs))
-            value = func(**kwargs, **{p: built[p] for p in direct})
+            value = func(**kwargs, **pick(built))
             return await value if node.is_async else value
     elif node.is_generator:
         def call(**kwargs: Any) -> Any:
             built = fetch.get(take(kwargs))
-            yield from func(**kwargs, **{p: built[p] for p in direct})
+            yield from func(**kwargs, **pick(built))
     else:
         def call(**kwargs: Any) -> Any:
             built = fetch.get(take(kwargs))
-            return func(**kwargs, **{p: built[p] for p in direct})
+            return func(**kwargs, **pick(built))
+    if node.batch_api:
+        call = _signalled(call, node.name, is_async)
     functools.update_wrapper(call, func)
     del call.__wrapped__  # type: ignore[attr-defined]  # the bound signature is **kwargs
     return call
+
+
+def _direct(built: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
+    return {p: built[p] for p in names}
+
+
+def _signalled(call: Callable[..., Any], name: str, is_async: bool) -> Callable[..., Any]:
+    """A ``batch_api`` node's call: ``in_batch_api()`` False until a batch answers one of
+    its calls; a recorded call makes the item wait (``WaitingForBatch``), an unbatchable
+    call or a budget refusal fails it (``batchwait.outcome``)."""
+    if is_async:
+        async def signalled(**kwargs: Any) -> Any:
+            with answered_scope():
+                try:
+                    return await call(**kwargs)
+                except _SIGNALS as exc:
+                    raise outcome(exc, name) from None
+        return signalled
+
+    def signalled_sync(**kwargs: Any) -> Any:
+        with answered_scope():
+            try:
+                return call(**kwargs)
+            except _SIGNALS as exc:
+                raise outcome(exc, name) from None
+    return signalled_sync
 
 
 class _Fetch:

@@ -137,6 +137,7 @@ def run_dataset(
     commit_seconds: float | None = None,
     budget: Mapping[str, float] | None = None,
     on_budget: Ask | None = None,
+    wait: bool = True,
 ) -> DatasetResult:
     """Run a map whose rows come from ``source`` (or dict inputs) and write them ``into``
     (a finished row is in a file within about ``commit_seconds``)."""

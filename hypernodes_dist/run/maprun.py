@@ -14,6 +14,7 @@ from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.results import GraphResult, MapResult
+from hypernodes_dist.run.batchmap import Rounds, batch_nodes, map_identity, open_loop
 from hypernodes_dist.run.onbudget import Ask, Asker
 from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.run.stops import Kept, is_budget
@@ -37,8 +38,10 @@ def run_map(
     callbacks: Sequence[Any] = (),
     budget: Mapping[str, float] | None = None,
     on_budget: Ask | None = None,
+    wait: bool = True,
 ) -> MapResult:
-    """Run every item of a map on ``engine``; results in item order."""
+    """Run every item of a map on ``engine``; results in item order (``wait=False``, with
+    ``batch_api`` nodes: once every request is submitted, ``pending`` items waiting)."""
     reject_interrupts(plan)
     columns, broadcast, n = expand(plan, inputs, map_over, map_mode)
     run_prefix = new_run_id() + "-"
@@ -53,17 +56,27 @@ def run_map(
     )
     if n == 0:
         return MapResult([], session_id=settings.session_id)
+    loop = None
+    if batch_nodes(plan):  # before anything runs: its folder, clients and transports
+        loop = open_loop(plan, settings, broadcast, list(columns), None,
+                         map_identity(plan, columns, sorted(broadcast), settings.select))
     if cache is not None:
         plan.code_ids()  # hash node code once, in the driver; workers get it with the plan
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     job = MapJob(plan, columns, broadcast, n, settings)
     collector = MapCollector(job, callbacks, progress, engine.name)
     asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget)
+    pending = 0
     with collector.watch(engine, settings):
         with asker:
-            engine.execute_map(job, collector.accept)
+            if loop is None:
+                engine.execute_map(job, collector.accept)
+            else:
+                pending = loop.run(Rounds(job, engine, collector), wait)
         asker.raise_error()
-    return collector.result()
+    result = collector.result()
+    result.pending = pending
+    return result
 
 
 
@@ -89,12 +102,28 @@ class MapCollector(Tally):
                          kept=Kept("cache" if s.cache is not None else ""))
         self.job = job
         self.batches: list[BatchResult] = []
+        self.waiting: set[int] = set()  # items waiting for a provider batch
+        self.moved: dict[int, _Moved] = {}  # item -> its result in a later round
 
     def accept(self, batch: BatchResult) -> None:
         self.batches.append(batch)
+        self.waiting.update(batch.offset + i for i in batch.waiting)
+        self._count(batch, batch.offset)
+
+    def accept_again(self, items: Sequence[int], batch: BatchResult) -> None:
+        """A batch of a later round (``items``: the map's index of each position)."""
+        waits = set(batch.waiting)
+        for i in range(batch.n):
+            if i not in waits:
+                item = items[batch.offset + i]
+                self.waiting.discard(item)
+                self.moved[item] = _Moved(batch, i, item)
+        self._count(batch, None)
+
+    def _count(self, batch: BatchResult, offset: int | None) -> None:
         refused = sum(1 for e in batch.errors.values() if is_budget(e)) if self.budget else 0
-        self.add(batch.n, batch.hits, len(batch.errors), batch.events, batch.usage_totals(),
-                 batch.offset, refused)
+        self.add(batch.n - len(batch.waiting), batch.hits, len(batch.errors), batch.events,
+                 batch.usage_totals(), offset, refused)
         batch.events = []
 
     def result(self) -> MapResult:
@@ -109,15 +138,49 @@ class MapCollector(Tally):
         results: list[GraphResult] = []
         for b in batches:
             errors = b.errors
-            if errors:
+            if b.waiting:
+                results.extend([self._later(b, i, session) for i in range(b.n)])
+            elif errors:
                 results.extend([from_row(b, i, session, errors.get(i)) for i in range(b.n)])
             else:
                 results.extend([from_row(b, i, session) for i in range(b.n)])
-        return MapResult(results, columns=lambda: _columns(batches), session_id=session,
+        moved = self.moved
+        return MapResult(results, columns=lambda: _columns(batches, moved), session_id=session,
                          usage=self.usage, resumed=sum(b.all_hits() for b in batches))
 
+    def _later(self, b: BatchResult, i: int, session: str) -> GraphResult:
+        """Item ``i`` of a batch where some items waited: its result in a later round, or
+        still waiting (``status == "pending"``)."""
+        item = b.offset + i
+        later = self.moved.get(item)
+        if later is not None:
+            return GraphResult.from_row(later, 0, session, later.batch.errors.get(later.i))
+        r = GraphResult.from_row(b, i, session, b.errors.get(i))
+        if item in self.waiting:
+            r.status, r._outputs = "pending", {}
+        return r
 
-def _columns(batches: list[BatchResult]) -> dict[str, list[Any]]:
+
+class _Moved:
+    """Item ``item``'s result, computed at position ``i`` of a later round's ``batch``."""
+
+    __slots__ = ("batch", "i", "offset")
+
+    def __init__(self, batch: BatchResult, i: int, item: int) -> None:
+        self.batch, self.i, self.offset = batch, i, item
+
+    def row(self, _: int) -> dict[str, Any]:
+        return self.batch.row(self.i)
+
+    def history_of(self, _: int) -> list[Any]:
+        return self.batch.history_of(self.i)
+
+    def run_id_of(self, _: int) -> str:
+        return f"{self.batch.run_prefix}{self.offset}"
+
+
+def _columns(batches: list[BatchResult], moved: Mapping[int, _Moved] | None = None
+             ) -> dict[str, list[Any]]:
     names: dict[str, None] = {}
     for b in batches:
         names.update(dict.fromkeys(b.outputs))
@@ -129,4 +192,9 @@ def _columns(batches: list[BatchResult]) -> dict[str, list[Any]]:
             col.extend([None] * b.n if values is None else
                        (None if v is MISSING else v for v in values))
         table[name] = col
+    for item, later in (moved or {}).items():  # items finished in a later round
+        for name, col in table.items():
+            values = later.batch.outputs.get(name)
+            value = MISSING if values is None else values[later.i]
+            col[item] = None if value is MISSING else value
     return table

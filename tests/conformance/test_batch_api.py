@@ -1,0 +1,59 @@
+"""``@node(batch_api=True)`` on every engine: the real ``openai`` (async and sync) and
+``anthropic`` clients against the loopback fake provider (Files + Batches, Message
+Batches): answers equal to the online path, each distinct request received once, a 400
+line failing only its item with the client's own error type in the node's code."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypernodes_dist import DiskCache, Graph
+from hypernodes_dist.run.batchmap import POLL_ENV
+
+from . import batch_api_graphs as B
+
+TEXTS = [f"review {i}: " + "good " * (i % 4) for i in range(24)] + ["review 3: good good good "]
+
+
+@pytest.fixture(autouse=True)
+def fast_polls(monkeypatch):
+    monkeypatch.setenv(POLL_ENV, "0.05")
+
+
+def _inputs(fake, url: str, texts: list[str]) -> dict:
+    base = fake.anthropic_base_url if url == "anthropic_url" else fake.base_url
+    return {"text": texts, url: base}
+
+
+@pytest.mark.parametrize("kind", list(B.KINDS))
+def test_answers_equal_the_online_path_and_each_request_is_sent_once(engine, batch_fake,
+                                                                      tmp_path, kind):
+    nodes, online, url = B.KINDS[kind]
+    graph = Graph([*nodes, B.shout], engine=engine, cache=DiskCache(tmp_path / "c"))
+    res = graph.map(_inputs(batch_fake, url, TEXTS), map_over="text")
+    counts = batch_fake.counts()
+    assert len(counts) == len(set(TEXTS)) and all(c == [1, 1] for c in counts.values())
+    assert res.pending == 0 and not res.errors and res.rows == len(TEXTS)
+    assert batch_fake.stats()["online_requests"] == 0
+    direct = Graph(online, engine=engine).map(_inputs(batch_fake, url, TEXTS), map_over="text")
+    assert res.column("label") == direct.column("label")
+    assert res.column("shout") == [t.upper() for t in direct.column("label")]
+    name, online_name = nodes[1].name, online[1].name
+    used = res.usage[name]  # in_batch_api() is True in the node's code, after the answer
+    assert used["batched"] == used["calls"] >= len(set(TEXTS))
+    assert direct.usage[online_name].get("batched", 0) == 0
+
+
+def test_a_400_line_fails_only_its_item_with_the_clients_error(engine, batch_fake, tmp_path):
+    texts = [f"fine {i}" for i in range(10)] + ["bad [[status:400]]"]
+    graph = Graph([B.oa_sync, B.label_sync], engine=engine, cache=DiskCache(tmp_path / "c"))
+    res = graph.map(_inputs(batch_fake, "base_url", texts), map_over="text",
+                    on_error="collect")
+    assert [r.status for r in res] == ["complete"] * 10 + ["error"]
+    err = res[10].error
+    assert type(err).__name__ == "BadRequestError" and err.status_code == 400
+    assert err.hn_item == 10 and err.hn_node == "label_sync"
+    assert all(c == [1, 1] for c in batch_fake.counts().values())  # never sent twice
+    guarded = Graph([B.oa_sync, B.guarded], engine=engine, cache=DiskCache(tmp_path / "g"))
+    res = guarded.map(_inputs(batch_fake, "base_url", texts), map_over="text")
+    assert res.column("label")[10] == "refused 400" and not res.errors
