@@ -21,7 +21,7 @@ from hypernodes_dist.datasets.parts import Part
 from hypernodes_dist.datasets.report import PartReport
 from hypernodes_dist.datasets.source import Source
 from hypernodes_dist.datasets.stop import MapStop
-from hypernodes_dist.errors import BudgetExceededError
+from hypernodes_dist.errors import BudgetExceededError, WaitingForBatch
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["DatasetJob", "PartTask", "PartReport", "OutputTypeError", "error_text", "collecting"]
 
 CALL_ROWS = 10_000  # items per executor call within a step (larger calls run slower)
+WAITING = WaitingForBatch()  # a row waiting for a provider batch, among a step's errors
 
 
 def collecting(settings: BatchSettings) -> BatchSettings:
@@ -148,6 +149,9 @@ class PartTask:
                   for f in self.computed_fields if f.name in outputs}
         arrays[ROW_COLUMN] = pa.array(range(offset, offset + n), pa.int64())
         texts: list[str | None] = [None] * n
+        waiting = [i for i, exc in errors.items() if exc is WAITING]
+        for i in waiting:
+            del errors[i]
         for i, exc in errors.items():
             texts[i] = error_text(exc)
         arrays[ERROR_COLUMN] = pa.array(texts, pa.string())
@@ -157,9 +161,13 @@ class PartTask:
         skipped = sorted(i for i, exc in errors.items()
                          if raising or isinstance(exc, BudgetExceededError))
         if skipped:
-            report.skipped = [offset + i for i in skipped]
             report.stopped_at, report.stop = offset + skipped[0], errors[skipped[0]]
         report.failed += len(errors) - len(skipped)
+        if waiting:
+            report.waiting += len(waiting)
+            skipped = sorted(skipped + waiting)
+        if skipped:
+            report.skipped = [offset + i for i in skipped]
         return arrays
 
     def _collect(self, batch: BatchResult, a: int, outputs: dict[str, list[Any]],
@@ -174,6 +182,8 @@ class PartTask:
                 col.extend(got)
         for i, exc in batch.errors.items():
             errors[a + i] = exc
+        for i in batch.waiting:  # not done, not failed: left out of the files, no stop
+            errors[a + i] = WAITING
         metered = outputs.get(USAGE_COLUMN)
         if metered is not None:  # the row's usage: what its nodes' calls metered, summed
             for per_item in batch.usage.values():

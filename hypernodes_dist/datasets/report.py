@@ -30,6 +30,7 @@ class PartReport:
     skipped: list[int] = field(default_factory=list)
     stopped_at: int | None = None
     stop: BaseException | None = None
+    waiting: int = 0  # rows waiting for a provider batch (in ``skipped``, not a stop)
 
     def add(self, other: PartReport) -> None:
         """Count ``other``'s rows in (its rows follow this report's)."""
@@ -37,6 +38,7 @@ class PartReport:
         self.failed += other.failed
         self.executed += other.executed
         self.hits += other.hits
+        self.waiting += other.waiting
         self.events.extend(other.events)
         self.skipped.extend(other.skipped)
         if other.stopped_at is not None and (self.stopped_at is None

@@ -31,11 +31,15 @@ from hypernodes_dist.inputs import (
     new_run_id,
     new_session_id,
 )
+from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.budget import check_budget
+from hypernodes_dist.run.batchloop import BatchLoop
+from hypernodes_dist.run.batchmap import batch_nodes, map_identity, open_loop
 from hypernodes_dist.run.onbudget import Ask, Asker
 from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.run.stops import Kept, is_budget
+from hypernodes_dist.sinks.arrow_types import is_pickled
 from hypernodes_dist.sinks.parquet import ERROR_COLUMN, ROW_COLUMN, ParquetDataset
 
 if TYPE_CHECKING:
@@ -152,6 +156,8 @@ def run_dataset(
                                     columns)
     outputs = settings.select or plan.outputs
     keep_t = _check_keep(src, keep, outputs)
+    loop = open_loop(plan, settings, broadcast, list(mapping), into,
+                     map_identity(plan, str(into))) if batch_nodes(plan) else None
     out = ParquetDataset(into)
     out.create()
     engine.check_output(out)  # every worker must see into=, before anything runs
@@ -160,8 +166,8 @@ def run_dataset(
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
     found = check_manifest(out, manifest, overwrite)
-    rows_per_part, schema, head = _layout(found, plan, engine, src, mapping, keep_t,
-                                          outputs, broadcast, settings)
+    rows_per_part, schema, head = _typed_layout(loop, found, plan, engine, src, mapping,
+                                                keep_t, outputs, broadcast, settings)
     out.clean_temporary()
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:
@@ -172,10 +178,14 @@ def run_dataset(
                     stop)
     collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
                                  settings.session_id, settings)
-    _execute(engine, task, head, lambda: DatasetJob(task, src, rows_per_part, out.committed()),
-             collector, Asker(settings.budget, on_budget, engine.driver_shared,
-                              collector.budget, stop.stopped))
-    return collector.result()
+    rows = _Rows(engine, lambda: DatasetJob(task, src, rows_per_part, out.committed()),
+                 collector, stop)
+    pending = _execute(task, head, rows, collector,
+                       Asker(settings.budget, on_budget, engine.driver_shared,
+                             collector.budget, stop.stopped), loop, wait)
+    result = collector.result()
+    result.pending, result.unfinished = pending, max(0, result.unfinished - pending)
+    return result
 
 
 def _bind(plan: Plan, source: Any, inputs: dict[str, Any], map_over: Any, map_mode: str,
@@ -205,19 +215,36 @@ def _layout(found: tuple[int, pa.Schema] | None, plan: Plan, engine: Engine, src
     return rows_per_part, schema, head
 
 
-def _execute(engine: Engine, task: PartTask, head: Head | None, job: Callable[[], DatasetJob],
-             collector: DatasetCollector, asker: Asker) -> None:
-    """The head's rows written first, then the engine runs the parts (``job()``: what no
-    file holds yet); a stop (the first error under ``"raise"``, a spent budget, Ctrl-C)
-    raises here once every worker has written the rows it finished."""
+class _Rows:
+    """The engine's run of the parts with rows in no file (``job()``); how many rows wait
+    for a provider batch (``run_rows`` of the map's ``BatchLoop``; 0 once stopped)."""
+
+    def __init__(self, engine: Engine, job: Callable[[], DatasetJob],
+                 collector: DatasetCollector, stop: MapStop) -> None:
+        self.engine, self.job, self.collector, self.stop = engine, job, collector, stop
+
+    def __call__(self) -> int:
+        self.collector.waiting = 0
+        if not self.stop.stopped():
+            self.engine.execute_dataset(self.job(), self.collector.accept)
+        return 0 if self.stop.stopped() else self.collector.waiting
+
+
+def _execute(task: PartTask, head: Head | None, rows: _Rows, collector: DatasetCollector,
+             asker: Asker, loop: BatchLoop | None, wait: bool) -> int:
+    """The head's rows written first, then the engine runs the parts (``rows``: what no
+    file holds yet; with ``batch_api`` nodes, again until none waits, ``loop``); a stop
+    (the first error under ``"raise"``, a spent budget, Ctrl-C) raises here once every
+    worker has written the rows it finished. Returns the rows still waiting."""
     stop = task.stop
     assert stop is not None  # a dataset map's task always carries its stop flag
-    with collector.watch(engine, task.settings):  # a stop raised in here is on the bar
+    pending = 0
+    with collector.watch(rows.engine, task.settings):  # a stop raised in here is on the bar
         try:
             if head is not None:
                 collector.accept(_write_head(task, head))
             with on_ctrl_c(stop) as pressed, asker:
-                engine.execute_dataset(job(), collector.accept)
+                pending = rows() if loop is None else loop.run(rows, wait)
         finally:
             stop.close()
         if pressed:
@@ -225,6 +252,36 @@ def _execute(engine: Engine, task: PartTask, head: Head | None, job: Callable[[]
         asker.raise_error()
         if collector.stop is not None and task.settings.on_error == "raise":
             raise collector.stop
+    return pending
+
+
+def _typed_layout(loop: BatchLoop | None, found: tuple[int, pa.Schema] | None, plan: Plan,
+                  engine: Engine, src: Source, mapping: dict[str, str], keep: tuple[str, ...],
+                  outputs: Sequence[str], broadcast: dict[str, Any], settings: BatchSettings
+                  ) -> tuple[int, Any, Head | None]:
+    """``_layout``; with ``batch_api`` nodes whose outputs' types only the first rows can
+    tell and whose first rows wait, the first rows' batch is waited for first."""
+    layout = _layout(found, plan, engine, src, mapping, keep, outputs, broadcast, settings)
+    if loop is None or not _untyped(layout[1], layout[2], outputs):
+        return layout
+
+    def head_rows() -> int:
+        nonlocal layout
+        layout = _layout(found, plan, engine, src, mapping, keep, outputs, broadcast,
+                         settings)
+        head = layout[2]
+        return len(head.batch.waiting) if head and _untyped(layout[1], head, outputs) else 0
+
+    loop.run(head_rows, wait=True)
+    return layout
+
+
+def _untyped(schema: pa.Schema, head: Head | None, outputs: Sequence[str]) -> bool:
+    """Whether some output's type is unknown because every first row of it waits."""
+    if head is None or not head.batch.waiting:
+        return False
+    return any(is_pickled(schema.field(o)) and all(
+        v is MISSING for v in head.batch.outputs.get(o, ())) for o in outputs)
 
 
 def _write_head(task: PartTask, head: Head) -> PartReport:
@@ -254,8 +311,10 @@ class DatasetCollector(Tally):
         self.out, self.session_id, self.resumed = out, session_id, resumed
         self.stop: BaseException | None = None  # the error that stopped the map (first row)
         self.stop_at = 0
+        self.waiting = 0  # rows waiting for a provider batch, this round
 
     def accept(self, report: PartReport) -> None:
+        self.waiting += report.waiting
         self.add(report.n, report.hits, report.failed, report.events, report.usage,
                  report.offset, budget_stop=is_budget(report.stop))
         report.events = []

@@ -5,6 +5,7 @@ line failing only its item with the client's own error type in the node's code."
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from hypernodes_dist import DiskCache, Graph
@@ -57,3 +58,42 @@ def test_a_400_line_fails_only_its_item_with_the_clients_error(engine, batch_fak
     guarded = Graph([B.oa_sync, B.guarded], engine=engine, cache=DiskCache(tmp_path / "g"))
     res = guarded.map(_inputs(batch_fake, "base_url", texts), map_over="text")
     assert res.column("label")[10] == "refused 400" and not res.errors
+
+
+def _online_labels(engine, fake, texts: list[str]) -> list[str]:
+    res = Graph([B.oa_async, B.online_async], engine=engine).map(
+        _inputs(fake, "base_url", texts), map_over="text")
+    return res.column("label")
+
+
+def test_a_dataset_map_writes_every_row_once(engine, batch_fake, tmp_path):
+    texts = [f"row {i}: " + "good " * (i % 3) for i in range(30)]
+    graph = Graph([B.oa_async, B.label_async, B.shout], engine=engine)
+    res = graph.map(source=pa.table({"text": texts}), inputs={"base_url": batch_fake.base_url},
+                    into=tmp_path / "out")
+    assert (res.rows, res.pending, res.failed, res.unfinished) == (30, 0, 0, 0)
+    assert all(c == [1, 1] for c in batch_fake.counts().values())
+    table = res.to_arrow().sort_by("_hn_row")
+    assert table.column("_hn_row").to_pylist() == list(range(30))
+    assert table.column("label").to_pylist() == _online_labels(engine, batch_fake, texts)
+
+
+@pytest.mark.parametrize("into", [True, False], ids=["into", "memory"])
+def test_wait_false_returns_pending_then_a_rerun_collects(engine, batch_fake, tmp_path, into):
+    texts = [f"later {i}" for i in range(12)]
+    graph = Graph([B.oa_sync, B.label_sync], engine=engine, cache=DiskCache(tmp_path / "c"))
+    where = {"into": tmp_path / "out"} if into else {}
+    batch_fake.configure(delay=0.4)
+    first = graph.map(_inputs(batch_fake, "base_url", texts), map_over="text", wait=False,
+                      **where)
+    assert first.pending == 12 and first.rows == 0
+    if not into:
+        assert {r.status for r in first} == {"pending"}
+    again = graph.map(_inputs(batch_fake, "base_url", texts), map_over="text", **where)
+    assert again.pending == 0 and again.rows == 12
+    assert batch_fake.stats()["batches"] == 1  # nothing submitted twice
+    assert all(c == [1, 1] for c in batch_fake.counts().values())
+    labels = (sorted(zip(again.to_arrow().column("_hn_row").to_pylist(),
+                         again.to_arrow().column("label").to_pylist())) if into else None)
+    expected = _online_labels(engine, batch_fake, texts)
+    assert ([v for _, v in labels] if into else again.column("label")) == expected
