@@ -12,26 +12,27 @@ others are ignored.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 from typing import Any
 
 from hypernodes_dist.execution.progress import ProgressChannel, Receive, Updates
+from hypernodes_dist.perprocess import Memo
 
 __all__ = ["MachineChannel"]
 
 _PER_DATAGRAM = 200  # updates per datagram, at most (well under 64 KB)
-_SENDER: tuple[int, socket.socket] | None = None  # (pid, socket) of this process
+_SENDER: Memo[socket.socket] = Memo("engines.channels.sender")  # this process's socket
 
 
 def _sender() -> socket.socket:
-    global _SENDER
-    if _SENDER is None or _SENDER[0] != os.getpid():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setblocking(False)
-        _SENDER = (os.getpid(), sock)
-    return _SENDER[1]
+    return _SENDER.get("socket", _new_sender)
+
+
+def _new_sender() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setblocking(False)
+    return sock
 
 
 class MachineChannel(ProgressChannel):

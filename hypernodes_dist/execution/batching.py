@@ -46,6 +46,7 @@ from hypernodes_dist.execution.batchcall import (
 from hypernodes_dist.execution.guard import Attempts, Guard
 from hypernodes_dist.execution.syncio import gather_tasks
 from hypernodes_dist.nodes import HyperNode
+from hypernodes_dist.perprocess import PROCESS
 from hypernodes_dist.plan import Plan
 
 __all__ = ["FILL_SECONDS", "run_call", "call_column", "fill", "fit_size", "largest_batch",
@@ -390,6 +391,17 @@ class _Filler:
 _FILLERS: weakref.WeakKeyDictionary[HyperNode, dict[asyncio.AbstractEventLoop, _Filler]] = (
     weakref.WeakKeyDictionary())
 _lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """A forked child has no calls in flight and no fillers (their loop is the parent's)."""
+    global _lock
+    _RUNNING.clear()
+    _FILLERS.clear()
+    _lock = threading.Lock()
+
+
+PROCESS.register("execution.batching", _forget_after_fork)
 
 
 def _filler(node: HyperNode) -> _Filler:

@@ -17,19 +17,16 @@ from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 from hypernodes_dist.cache.base import Cache
+from hypernodes_dist.perprocess import Memo
 
 __all__ = ["Parent", "PARENT", "worker_id"]
 
-_WORKER: tuple[int, str] | None = None
+_WORKER: Memo[str] = Memo("execution.context.worker")
 
 
 def worker_id() -> str:
     """``host:pid`` of this process (computed once per process, also after a fork)."""
-    global _WORKER
-    pid = os.getpid()
-    if _WORKER is None or _WORKER[0] != pid:
-        _WORKER = (pid, f"{socket.gethostname()}:{pid}")
-    return _WORKER[1]
+    return _WORKER.get("id", lambda: f"{socket.gethostname()}:{os.getpid()}")
 
 
 class Parent(NamedTuple):

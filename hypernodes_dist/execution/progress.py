@@ -24,9 +24,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
+
+from hypernodes_dist.perprocess import Memo, Table
 
 __all__ = ["ProgressChannel", "LocalChannel", "Ticker", "ticker", "Receive", "Updates",
            "INTERVAL"]
@@ -53,7 +54,7 @@ class ProgressChannel:
         """The driver's side: stop receiving (idempotent)."""
 
 
-_LOCAL: dict[str, Receive] = {}
+_LOCAL: Table[str, Receive] = Table("execution.progress.local")  # the driver's receivers
 
 
 class LocalChannel(ProgressChannel):
@@ -132,17 +133,10 @@ class Ticker:
                 pass
 
 
-_TICKERS: OrderedDict[str, Ticker] = OrderedDict()
-_TICKERS_LOCK = threading.Lock()
 _KEEP = 8  # the tickers of this many recent maps are kept per process
+_TICKERS: Memo[Ticker] = Memo("execution.progress.tickers", keep=_KEEP)
 
 
 def ticker(channel: ProgressChannel) -> Ticker:
     """This process's ``Ticker`` of ``channel`` (one per process and map)."""
-    with _TICKERS_LOCK:
-        found = _TICKERS.get(channel.key)
-        if found is None:
-            found = _TICKERS[channel.key] = Ticker(channel)
-            while len(_TICKERS) > _KEEP:
-                _TICKERS.popitem(last=False)
-        return found
+    return _TICKERS.get(channel.key, lambda: Ticker(channel))

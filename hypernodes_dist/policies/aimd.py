@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from hypernodes_dist.perprocess import PROCESS
+from hypernodes_dist.perprocess import Memo
 from hypernodes_dist.policies.backend import SharedValue
 from hypernodes_dist.policies.limits import Slots, backend, shared
 
@@ -157,8 +157,7 @@ class Backoff:
         self.read_at = time.monotonic()
 
 
-_BACKOFFS: dict[tuple[str, str, str, int], Backoff] = {}
-_LOCK = threading.Lock()
+_BACKOFFS: Memo[Backoff] = Memo("policies.aimd")  # a forked child starts anew
 
 
 def backoff_for(key: str, n: int) -> Backoff:
@@ -166,17 +165,4 @@ def backoff_for(key: str, n: int) -> Backoff:
     resource) with ``concurrency=n``, over the limits backend in force here."""
     where = backend()
     ident = (where.name, where.directory, key, n)
-    found = _BACKOFFS.get(ident)
-    if found is None:
-        with _LOCK:
-            found = _BACKOFFS.get(ident)
-            if found is None:
-                found = _BACKOFFS[ident] = Backoff(n, shared(f"aimd-{n}-{key}"))
-    return found
-
-
-def _forget_in_child() -> None:
-    _BACKOFFS.clear()
-
-
-PROCESS.register("policies.aimd", _forget_in_child)  # forgotten in a forked child
+    return _BACKOFFS.get(ident, lambda: Backoff(n, shared(f"aimd-{n}-{key}")))

@@ -23,7 +23,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from hypernodes_dist.perprocess import PROCESS
+from hypernodes_dist.perprocess import Memo
 from hypernodes_dist.policies.limits import shared
 
 __all__ = ["Learned", "learned_for", "watch", "read_headers", "period_of", "PUBLISH"]
@@ -139,16 +139,11 @@ class Learned:
             return self.state
 
 
-_LEARNED: dict[str, Learned] = {}
-_LOCK = threading.Lock()
+_LEARNED: Memo[Learned] = Memo("policies.learned")  # a forked child learns anew
 
 
 def learned_for(key: str) -> Learned:
-    found = _LEARNED.get(key)
-    if found is None:
-        with _LOCK:
-            found = _LEARNED.setdefault(key, Learned(key))
-    return found
+    return _LEARNED.get(key, lambda: Learned(key))
 
 
 def watch(obj: Any, key: str) -> None:
@@ -171,11 +166,3 @@ def watch(obj: Any, key: str) -> None:
     http._hn_learns = {*(getattr(http, "_hn_learns", None) or ()), key}
     learned.hooked = True
 
-
-def _forget_in_child() -> None:
-    global _LOCK
-    _LEARNED.clear()
-    _LOCK = threading.Lock()
-
-
-PROCESS.register("policies.learned", _forget_in_child)  # forgotten in a forked child

@@ -289,7 +289,7 @@ Probe = Callable[[], LimitsBackend | None]
 _PROBES: list[Probe] = []
 # a forked child holds no units and no waiters: it starts with fresh limiters
 _LIMITERS: Memo[Any] = Memo("policies.limits")
-_MACHINE: MachineLimits | None = None
+_MACHINE: Memo[MachineLimits] = Memo("policies.machine")  # by its directory
 
 
 def register_backend(probe: Probe) -> None:
@@ -315,14 +315,11 @@ def using(found: LimitsBackend) -> Iterator[LimitsBackend]:
 
 def backend() -> LimitsBackend:
     """The backend limits use where this code runs."""
-    global _MACHINE
     for probe in _PROBES:
         found = probe()
         if found is not None:
             return found
-    if _MACHINE is None or _MACHINE.directory != limits_dir():
-        _MACHINE = MachineLimits()
-    return _MACHINE
+    return _MACHINE.get(limits_dir(), MachineLimits)
 
 
 def _limiter(kind: str, key: str, spec: tuple[Any, ...], make: Callable[[LimitsBackend], Any]

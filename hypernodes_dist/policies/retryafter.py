@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 
-from hypernodes_dist.perprocess import PROCESS
+from hypernodes_dist.perprocess import Memo
 from hypernodes_dist.policies.backend import SharedValue
 from hypernodes_dist.policies.limits import shared
 from hypernodes_dist.policies.signals import retry_after
@@ -51,17 +51,11 @@ class HoldOff:
         self._shared().update(lambda old: max(float(old or 0.0), end))
 
 
-_HOLDOFFS: dict[str, HoldOff] = {}
+_HOLDOFFS: Memo[HoldOff] = Memo("policies.retryafter")  # a forked child starts anew
 
 
 def holdoff_for(name: str) -> HoldOff:
     """This process's ``HoldOff`` of node ``name`` (one per node: what it last read is
     shared by every guard of the node, so a guard made per call reads the store at most
     every ``REFRESH`` seconds too)."""
-    found = _HOLDOFFS.get(name)
-    if found is None:
-        found = _HOLDOFFS.setdefault(name, HoldOff(name))
-    return found
-
-
-PROCESS.register("policies.retryafter", _HOLDOFFS.clear)  # forgotten in a forked child
+    return _HOLDOFFS.get(name, lambda: HoldOff(name))

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
+from hypernodes_dist.perprocess import Table
 
 __all__ = ["record", "stats", "reset_stats"]
 
-_STATS: Counter[tuple[str, str]] = Counter()
-_LOCK = threading.Lock()
+_STATS: Table[tuple[str, str], int] = Table("policies.stats")  # a forked child counts anew
 
 
 def record(node: str, kind: str) -> None:
     """Count one ``kind`` (``"retry"``, ``"throttle"``, ``"timeout"``) for ``node``."""
-    with _LOCK:
-        _STATS[(node, kind)] += 1
+    with _STATS.lock:
+        _STATS[(node, kind)] = _STATS.get((node, kind), 0) + 1
 
 
 def stats() -> dict[tuple[str, str], int]:
     """Per-process counts ``{(node, kind): n}`` of retries, throttling waits and timeouts."""
-    with _LOCK:
+    with _STATS.lock:
         return dict(_STATS)
 
 
 def reset_stats() -> None:
-    with _LOCK:
+    with _STATS.lock:
         _STATS.clear()

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
+from hypernodes_dist.perprocess import Table
+
 __all__ = ["meter", "Usage", "Metering", "NODE", "CALL", "NodeTotal", "may_meter", "add_usage",
            "estimate", "observed", "quantities_of", "node_total", "seen_metering"]
 
@@ -27,7 +29,7 @@ Usage = dict[str, float]
 # The execution being metered (one per guarded call), and the fallback of a node's batch.
 CALL: ContextVar[Usage | None] = ContextVar("hn_usage_call", default=None)
 NODE: ContextVar[NodeTotal | None] = ContextVar("hn_usage_node", default=None)
-_SEEN: set[str] = set()  # nodes found metering without being guarded
+_SEEN: Table[str, bool] = Table("policies.usage.seen")  # nodes found metering unguarded
 
 
 def meter(**quantities: float) -> None:
@@ -43,7 +45,7 @@ def meter(**quantities: float) -> None:
             raise RuntimeError(
                 "meter() was called outside a node call: call it inside the function of a "
                 "node that a run(), map() or iter() is executing")
-        _SEEN.add(total.name)
+        _SEEN[total.name] = True
         usage = total.usage
     for name, amount in quantities.items():
         if name == "calls" or name.startswith("_"):
@@ -147,8 +149,9 @@ def _filled(cell: Any) -> bool:
         return False
 
 
-_ESTIMATES: dict[tuple[str, str], Estimate] = {}
-_QUANTITIES: dict[str, frozenset[str]] = {}  # node -> the quantities its calls metered
+# what this process's calls metered (a forked child estimates anew, as a spawned one)
+_ESTIMATES: Table[tuple[str, str], Estimate] = Table("policies.usage.estimates")
+_QUANTITIES: Table[str, frozenset[str]] = Table("policies.usage.quantities")  # by node
 
 
 def estimate(node: str, quantity: str) -> float:

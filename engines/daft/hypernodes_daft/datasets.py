@@ -24,7 +24,6 @@ runner, each part is one Ray task running ``PartTask.run`` (``on_ray.py``).
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +39,7 @@ from hypernodes_dist.datasets.source import ParquetSource
 from hypernodes_dist.engines.kit import partition_size
 from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.perprocess import Table
 from hypernodes_dist.sinks.parquet import Committed, ParquetDataset
 
 from .udf import apply_udf, consecutive_runs
@@ -48,8 +48,7 @@ from .uris import io_config
 __all__ = ["run_dataset_native"]
 
 ID = "__hn_id"
-_MAIL: dict[str, list[Any]] = {}
-_lock = threading.Lock()
+_MAIL: Table[str, list[Any]] = Table("daft.datasets.mail")  # a part's reports, by token
 
 
 def run_dataset_native(job: DatasetJob, report: Callable[[PartReport], None],
@@ -155,7 +154,7 @@ def _compute(task: PartTask, part: Part, frame: daft.DataFrame, shift: int, n: i
     table of the output schema, collected in scan order (the rows stay in ``_hn_row``
     order), and their counts; a failed row under ``on_error="raise"`` raises here."""
     token = uuid.uuid4().hex
-    with _lock:
+    with _MAIL.lock:
         _MAIL[token] = []
     names = list(task.mapping)
     size = fit_size(task.plan, batch_size or partition_size(n, _cpus(), 2))
@@ -182,7 +181,7 @@ def _compute(task: PartTask, part: Part, frame: daft.DataFrame, shift: int, n: i
 
 
 def _take(token: str) -> list[Any]:
-    with _lock:
+    with _MAIL.lock:
         return _MAIL.pop(token, [])
 
 
@@ -215,7 +214,7 @@ def _make_udf(task: PartTask, shift: int, names: list[str], token: str) -> Calla
 
 def _stopped(token: str) -> bool:
     """A batch of this part failed: the others skip their work."""
-    with _lock:
+    with _MAIL.lock:
         return any(isinstance(m, BaseException) for m in _MAIL.get(token, ()))
 
 
@@ -224,7 +223,7 @@ def _nulls(n: int, struct: list[pa.Field]) -> pa.Array:
 
 
 def _post(token: str, message: Any) -> None:
-    with _lock:
+    with _MAIL.lock:
         box = _MAIL.get(token)
         if box is not None:
             box.append(message)

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from hypernodes_dist.perprocess import Table
 from hypernodes_dist.policies.backend import LimitsBackend
 from hypernodes_dist.policies.limits import register_backend
 
@@ -169,8 +169,9 @@ class RayLimits(LimitsBackend):
         return _Shared(self.actor, key)
 
 
-_DRIVER: RayLimits | None = None
-_WORKER: tuple[int, RayLimits | None] | None = None  # (pid, what this Ray worker found)
+# this process's backend: "driver" (the job's actor, once started here) or "worker" (what
+# this Ray worker found, None included); a forked child looks again
+_FOUND: Table[str, RayLimits | None] = Table("daft.limits")
 
 
 def _ray() -> Any:
@@ -179,33 +180,32 @@ def _ray() -> Any:
 
 def start() -> RayLimits:
     """In the driver, once Ray is up: the job's actor (made if missing), installed here."""
-    global _DRIVER
     ray = _ray()
     job = ray.get_runtime_context().get_job_id()
-    if _DRIVER is None or _DRIVER.directory != actor_name(job):
+    found = _FOUND.get("driver")
+    if found is None or found.directory != actor_name(job):
         actor = ray.remote(num_cpus=0)(LimitsActor).options(
             name=actor_name(job), namespace=NAMESPACE, get_if_exists=True).remote()
-        _DRIVER = RayLimits(actor, job)
-    return _DRIVER
+        found = _FOUND["driver"] = RayLimits(actor, job)
+    return found
 
 
 def stop() -> None:
     """The driver no longer uses the Ray backend (the actor ends with the job)."""
-    global _DRIVER
-    _DRIVER = None
+    _FOUND.pop("driver", None)
 
 
 def probe() -> RayLimits | None:
     """The backend in a driver that started Daft on Ray, or in a Ray worker of such a job;
     else ``None``."""
-    global _WORKER
-    if _DRIVER is not None:
-        return _DRIVER
+    driver = _FOUND.get("driver")
+    if driver is not None:
+        return driver
     ray = sys.modules.get("ray")
     if ray is None or not getattr(ray, "is_initialized", lambda: False)():
         return None
-    if _WORKER is not None and _WORKER[0] == os.getpid():
-        return _WORKER[1]
+    if "worker" in _FOUND:
+        return _FOUND["worker"]
     context = ray.get_runtime_context()
     found = None
     if context.worker.mode == ray.WORKER_MODE:
@@ -214,7 +214,7 @@ def probe() -> RayLimits | None:
             found = RayLimits(ray.get_actor(actor_name(job), namespace=NAMESPACE), job)
         except ValueError:  # no DaftEngine(runner="ray") started this job's limits
             found = None
-    _WORKER = (os.getpid(), found)
+    _FOUND["worker"] = found
     return found
 
 

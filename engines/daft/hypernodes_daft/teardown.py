@@ -12,11 +12,11 @@ later engine of the same job may build resources again).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 from typing import Any
 
+from hypernodes_dist.perprocess import Table
 from hypernodes_dist.resources import release_resources
 
 __all__ = ["Closer", "watch", "close_workers", "TEARDOWN_SECONDS"]
@@ -73,19 +73,17 @@ def closer(ray: Any) -> Any:
         name=_name(ray), namespace=NAMESPACE, get_if_exists=True).remote()
 
 
-_WATCHING: int | None = None  # the pid whose watcher runs
-_LOCK = threading.Lock()
+_WATCHING: Table[str, bool] = Table("daft.teardown")  # whether this process's watcher runs
 
 
 def watch() -> None:
     """In a Ray worker running a batch: start this process's watcher (once)."""
-    global _WATCHING
-    if _WATCHING == os.getpid():
+    if "watcher" in _WATCHING:
         return
-    with _LOCK:
-        if _WATCHING == os.getpid():
+    with _WATCHING.lock:
+        if "watcher" in _WATCHING:
             return
-        _WATCHING = os.getpid()
+        _WATCHING["watcher"] = True
     ray = sys.modules["ray"]  # a Ray worker: loaded
     actor = closer(ray)
     seen = ray.get(actor.join.remote())

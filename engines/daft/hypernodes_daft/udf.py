@@ -20,7 +20,6 @@ its payload instead of raising it inside Daft, which would wrap it in a
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -33,6 +32,7 @@ from hypernodes_dist.errors import portable
 from hypernodes_dist.execution.batch import run_batch as run_batch_async
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk
 from hypernodes_dist.execution.syncio import on_process_loop, run_sync
+from hypernodes_dist.perprocess import Table
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.limits import shared
 
@@ -40,11 +40,11 @@ from .teardown import watch
 
 __all__ = ["Failure", "make_udf", "receive", "close"]
 
-# native runner only: payloads parked in the driver process, keyed by (map token, serial)
-_MAILBOX: dict[bytes, Any] = {}
-_CANCELLED: set[str] = set()
+# native runner only: payloads parked in the driver process, keyed by (map token, serial),
+# and the maps stopped (their late batches park nothing); the lock is the mailbox's
+_MAILBOX: Table[bytes, Any] = Table("daft.udf.mailbox")
+_CANCELLED: Table[str, bool] = Table("daft.udf.cancelled")
 _serial = itertools.count()
-_lock = threading.Lock()
 # how a UDF awaits one batch's coroutine: in place, or on the process loop
 RunChunk = Callable[[Coroutine[Any, Any, BatchResult]], Awaitable[BatchResult]]
 
@@ -70,7 +70,7 @@ def make_udf(
     def start(rows: Series, columns: tuple[Series, ...]) -> list[Chunk] | None:
         if not local:
             watch()  # this Ray worker tears its resources down when the engine closes
-        if token in _CANCELLED if local else _stopped_on_ray(token):  # the map has stopped
+        if _stopped(token, local):
             return None
         ids = rows.to_pylist()
         values = [c.to_pylist() for c in columns]
@@ -127,7 +127,7 @@ def _send(outcome: Any, token: str, local: bool) -> bytes:
     if not local:
         return b"P" + cloudpickle.dumps(outcome)
     key = f"{token}:{next(_serial)}".encode()
-    with _lock:
+    with _MAILBOX.lock:
         if token in _CANCELLED:  # the driver has stopped reading: park nothing
             return b"X"
         _MAILBOX[key] = outcome
@@ -138,14 +138,15 @@ def receive(payload: bytes) -> list[BatchResult] | Failure:
     """The driver side of ``_send``."""
     if payload[:1] == b"P":
         return cloudpickle.loads(payload[1:])
-    with _lock:
+    with _MAILBOX.lock:
         return _MAILBOX.pop(payload[1:])
 
 
-def _stopped_on_ray(token: str) -> bool:
-    """Whether the driver stopped the map (a batch Ray starts after a failure or a budget
-    stop runs nothing: the mark is in the job's limits actor, one round trip a batch)."""
-    return bool(shared(f"map-stopped-{token}").get())
+def _stopped(token: str, local: bool) -> bool:
+    """Whether the driver stopped the map: a batch that starts after a failure or a budget
+    stop runs nothing (on Ray the mark is in the job's limits actor, one round trip a
+    batch). Module-level: the UDF's closure must not hold this process's tables."""
+    return token in _CANCELLED if local else bool(shared(f"map-stopped-{token}").get())
 
 
 def close(token: str, stopped: bool, local: bool = True) -> None:
@@ -154,9 +155,9 @@ def close(token: str, stopped: bool, local: bool = True) -> None:
     if stopped and not local:
         shared(f"map-stopped-{token}").update(lambda _: True)
     prefix = f"{token}:".encode()
-    with _lock:
+    with _MAILBOX.lock:
         if stopped:  # one short string per failed map, so late batches park nothing
-            _CANCELLED.add(token)
+            _CANCELLED[token] = True
         for key in [k for k in _MAILBOX if k.startswith(prefix)]:
             del _MAILBOX[key]
 

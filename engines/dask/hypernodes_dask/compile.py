@@ -41,6 +41,7 @@ from hypernodes_dist.engines.kit import check_picklable, flow_tasks, unpicklable
 from hypernodes_dist.errors import UnpicklableError
 from hypernodes_dist.execution.batch import execute_batch
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, MapJob
+from hypernodes_dist.perprocess import Memo
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.limits import settle
 
@@ -128,9 +129,16 @@ def _execute(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     return execute_batch(plan, chunk, settings)
 
 
-_FLOWING: dict[int, threading.Semaphore] = {}  # this process's flow slots, by their number
-_FLOWING_LOCK = threading.Lock()
-_RUNNING = [0]  # flowing partitions running in this process
+class _Flowing:
+    """This process's flow slots, by their number, and its flowing partitions running."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.slots: dict[int, threading.Semaphore] = {}
+        self.running = 0
+
+
+_FLOWING: Memo[_Flowing] = Memo("dask.compile.flowing")
 
 
 def _distributed_worker() -> Any:
@@ -153,18 +161,19 @@ def _seceded(plan: Plan, chunk: Chunk, settings: BatchSettings) -> BatchResult:
     from distributed import secede
 
     slots = flow_tasks(_distributed_worker().state.nthreads, chunk.n)
-    with _FLOWING_LOCK:
-        if slots not in _FLOWING:
-            _FLOWING[slots] = threading.Semaphore(slots)
-        _RUNNING[0] += 1
+    flowing = _FLOWING.get("here", _Flowing)
+    with flowing.lock:
+        if slots not in flowing.slots:
+            flowing.slots[slots] = threading.Semaphore(slots)
+        flowing.running += 1
     try:
-        with _FLOWING[slots]:
+        with flowing.slots[slots]:
             secede()
             return execute_batch(plan, chunk, settings)
     finally:
-        with _FLOWING_LOCK:
-            _RUNNING[0] -= 1
-            last = not _RUNNING[0]
+        with flowing.lock:
+            flowing.running -= 1
+            last = not flowing.running
         if last:  # the worker's last flowing partition: its idle limit units go back now
             settle()
 

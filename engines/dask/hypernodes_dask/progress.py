@@ -5,17 +5,18 @@ scheduler keeps a bounded log per topic); each message names its map's channel."
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from hypernodes_dist.execution.progress import ProgressChannel, Receive, Updates
+from hypernodes_dist.perprocess import Table
 
 __all__ = ["WorkerEvents", "TOPIC"]
 
 TOPIC = "hypernodes-progress"
-_RECEIVERS: dict[str, Receive] = {}  # channel key -> the driver's receiver
-_SUBSCRIBED: dict[int, int] = {}  # id(client) -> open channels on it
-_lock = threading.Lock()
+# the driver's: channel key -> its receiver, id(client) -> open channels on it (the lock
+# is the receivers')
+_RECEIVERS: Table[str, Receive] = Table("dask.progress.receivers")
+_SUBSCRIBED: Table[int, int] = Table("dask.progress.subscribed")
 
 
 def _worker() -> Any:
@@ -44,7 +45,7 @@ class WorkerEvents(ProgressChannel):
     def __init__(self, client: Any, receive: Receive) -> None:
         super().__init__()
         self._client = client
-        with _lock:
+        with _RECEIVERS.lock:
             _RECEIVERS[self.key] = receive
             if not _SUBSCRIBED.get(id(client)):
                 client.subscribe_topic(TOPIC, _handler)
@@ -60,7 +61,7 @@ class WorkerEvents(ProgressChannel):
         client, self._client = self._client, None
         if client is None:
             return
-        with _lock:
+        with _RECEIVERS.lock:
             _RECEIVERS.pop(self.key, None)
             left = _SUBSCRIBED[id(client)] = _SUBSCRIBED.get(id(client), 1) - 1
             if left > 0:

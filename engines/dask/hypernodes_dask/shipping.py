@@ -24,9 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -35,6 +33,7 @@ import cloudpickle
 
 from hypernodes_dist.errors import UnpicklableError, call_portably
 from hypernodes_dist.execution.context import worker_id
+from hypernodes_dist.perprocess import Table
 
 from .cluster import ProcessPool
 
@@ -44,8 +43,7 @@ __all__ = ["InFlight", "Shipment", "missing_module", "on_cluster", "on_processes
 T = TypeVar("T")
 R = TypeVar("R")
 
-_LOADED: OrderedDict[str, Any] = OrderedDict()
-_LOADED_LOCK = threading.Lock()
+_LOADED: Table[str, Any] = Table("dask.shipping.loaded")  # digest -> object, newest last
 _KEEP = 4  # shared objects of recent calls kept unpickled per worker process
 
 
@@ -59,10 +57,10 @@ class Shipment:
 
     def load(self) -> Any:
         """The object, unpickled once per process and call (the call's tasks share it)."""
-        with _LOADED_LOCK:
-            found = _LOADED.get(self.digest)
+        with _LOADED.lock:
+            found = _LOADED.pop(self.digest, None)
             if found is not None:
-                _LOADED.move_to_end(self.digest)
+                _LOADED[self.digest] = found  # the newest again
                 return found
             try:
                 if self.data is not None:
@@ -75,7 +73,7 @@ class Shipment:
                 raise missing_module(exc) from exc
             _LOADED[self.digest] = obj
             while len(_LOADED) > _KEEP:
-                _LOADED.popitem(last=False)
+                del _LOADED[next(iter(_LOADED))]
             return obj
 
 
