@@ -195,8 +195,10 @@ class BatchDriver:
     async def _maybe_online(self, state: FileState, info: BatchInfo) -> None:
         """``online_after``: a batch running that long is cancelled; its unanswered lines
         will go online once it has ended (its answered ones are kept)."""
+        # the provider's created_at is whole seconds: our own clock of the create is finer
+        started = max(info.created_at, state.creating_at or 0.0)
         if (self.online_after is None or state.online
-                or time.time() - info.created_at < self.online_after):
+                or time.time() - started < self.online_after):
             return
         state.online = True
         self.ledger.write("online", fid=state.fid)

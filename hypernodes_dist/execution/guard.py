@@ -111,7 +111,8 @@ class Guard:
         self.policy: Policy = node.policy or Policy(node.name)
         self.report = report
         self.meters = bool(node.meters)
-        self.gates: tuple[Gate, ...] = gates_for(self.policy, budget if self.meters else None)
+        self.gates: tuple[Gate, ...] = gates_for(self.policy, budget if self.meters else None,
+                                                 checks=not getattr(node, "batch_api", False))
         self.gauges = any(g.meters for g in self.gates)  # some gate reads what a call metered
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)

@@ -73,6 +73,14 @@ class BatchLoop:
                                           resubmit_lost=resubmit_lost, reserve=reserve)
                         for name, t in transports.items()}
         self.requests: dict[str, list[Request]] = {name: [] for name in transports}
+        self._reserve: Reserve | None = reserve
+
+    def reserve(self, reserve: Reserve) -> None:
+        """Budgets: ``reserve(request)`` for every request about to go into a batch; one
+        with a ``round(answered, live)`` method hears the counts before each submission."""
+        self._reserve = reserve
+        for d in self.drivers.values():
+            d.reserve = reserve
 
     def recorder(self, source: str) -> Callable[[str, Mapping[str, Any]], None]:
         """What a worker's recording client of resource ``source`` records with."""
@@ -123,6 +131,11 @@ class BatchLoop:
                 raise ValueError(f"a request was recorded by resource {req.source!r}, which "
                                  f"this map does not batch ({sorted(self.requests)})")
             self.requests[req.source].append(req)
+        starting = getattr(self._reserve, "round", None)
+        if starting is not None:
+            starting(sum(d.counts.lines_answered for d in self.drivers.values()),
+                     sum(len(f.digests) for d in self.drivers.values()
+                         for f in d.files.values() if f.state == "submitted"))
         return sum([await d.submit(self.requests[name]) for name, d in self.drivers.items()])
 
     async def _poll(self) -> int:

@@ -16,18 +16,21 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hypernodes_dist.batchapi.store import Request
 from hypernodes_dist.cache.hashing import hash_value
+from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.execution.batchwait import BatchLink
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import Plan
+from hypernodes_dist.policies.budget import Budget, Spent, Where
 from hypernodes_dist.resources.bind import node_clients
 from hypernodes_dist.run.batchloop import Backoff, BatchLoop, batch_folder, transports_for
 
 if TYPE_CHECKING:
     from hypernodes_dist.engines.base import Engine
 
-__all__ = ["batch_nodes", "open_loop", "map_identity", "Rounds", "POLL_ENV"]
+__all__ = ["batch_nodes", "open_loop", "map_identity", "Rounds", "POLL_ENV", "BudgetReserve"]
 
 POLL_ENV = "HYPERNODES_BATCH_POLL"  # seconds of the first poll (tests: small)
 
@@ -63,21 +66,55 @@ def _clients(node: HyperNode, broadcast: Mapping[str, Any],
 
 
 def open_loop(plan: Plan, settings: BatchSettings, broadcast: Mapping[str, Any],
-              mapped: Sequence[str], into: Any, map_id: str) -> BatchLoop | None:
-    """The map's batch loop (``None``: no ``batch_api`` node); sets ``settings.batch``."""
+              mapped: Sequence[str], into: Any, map_id: str,
+              where: Where | None = None) -> BatchLoop | None:
+    """The map's batch loop (``None``: no ``batch_api`` node); sets ``settings.batch``.
+    ``where``: the driver's way to the workers' shared values (the budget's ledger)."""
     nodes = batch_nodes(plan)
     if not nodes:
         return None
     folder = batch_folder(into, getattr(settings.cache, "path", None), map_id)
     transports: dict[str, Any] = {}
+    owners: dict[str, str] = {}  # resource -> the (first) batch node receiving it
     for node in nodes:
-        transports.update(transports_for(_clients(node, broadcast, mapped), map_id, node.name))
+        clients = _clients(node, broadcast, mapped)
+        transports.update(transports_for(clients, map_id, node.name))
+        owners.update({r: node.name for r in clients if r not in owners})
     online = [n.online_after for n in nodes if n.online_after is not None]
     loop = BatchLoop(folder, transports,
                      attempts=1 + max((n.policy.retries if n.policy else 0) for n in nodes),
                      online_after=min(online) if online else None, backoff=backoff())
+    if settings.budget is not None:
+        loop.reserve(BudgetReserve(settings.budget, owners, where))
     settings.batch = BatchLink(str(folder))
     return loop
+
+
+class BudgetReserve:
+    """``map(budget=)`` at submission: a request reserves its expected usage (what the map
+    metered so far per answered line) while its batch runs; one past a limit is not
+    submitted and its item fails with ``BudgetExceededError``, as online. Before any
+    answer the expected usage is unknown (0): the first batches are not limited."""
+
+    def __init__(self, budget: Budget, owners: Mapping[str, str], where: Where | None) -> None:
+        self.budget, self.owners, self.where = budget, owners, where
+        self.spent: dict[str, float] = {}
+        self.answered = self.live = 0
+
+    def round(self, answered: int, live: int) -> None:
+        """A submission starts: ``answered`` lines so far, ``live`` in running batches."""
+        self.spent = self.budget.spent(self.where)
+        self.answered, self.live = answered, live
+
+    def __call__(self, request: Request) -> BudgetExceededError | None:
+        for quantity, most in self.budget.limits:
+            used = self.spent.get(quantity, 0.0)
+            mean = used / self.answered if self.answered else 0.0
+            if used >= most or used + mean * (self.live + 1) > most:
+                node = self.owners.get(request.source, request.source)
+                return self.budget.refusal(node, None, Spent(quantity, used, most))
+        self.live += 1
+        return None
 
 
 class Collector(Protocol):

@@ -157,7 +157,8 @@ def run_dataset(
     outputs = settings.select or plan.outputs
     keep_t = _check_keep(src, keep, outputs)
     loop = open_loop(plan, settings, broadcast, list(mapping), into,
-                     map_identity(plan, str(into))) if batch_nodes(plan) else None
+                     map_identity(plan, str(into)), engine.driver_shared
+                     ) if batch_nodes(plan) else None
     out = ParquetDataset(into)
     out.create()
     engine.check_output(out)  # every worker must see into=, before anything runs

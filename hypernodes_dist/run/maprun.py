@@ -59,7 +59,8 @@ def run_map(
     loop = None
     if batch_nodes(plan):  # before anything runs: its folder, clients and transports
         loop = open_loop(plan, settings, broadcast, list(columns), None,
-                         map_identity(plan, columns, sorted(broadcast), settings.select))
+                         map_identity(plan, columns, sorted(broadcast), settings.select),
+                         engine.driver_shared)
     if cache is not None:
         plan.code_ids()  # hash node code once, in the driver; workers get it with the plan
         prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)

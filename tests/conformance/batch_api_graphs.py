@@ -101,3 +101,21 @@ KINDS = {
     "openai-sync": ([oa_sync, label_sync], [oa_sync, online_sync], "base_url"),
     "anthropic": ([claude, label_claude], [claude, online_claude], "anthropic_url"),
 }
+
+
+@node(output_name="label", batch_api=True, retries=1)
+def label_retried(text: str, oa_sync) -> str:
+    """Expired, cancelled and failed lines go again (each retry counts against retries)."""
+    return ask_sync(text, oa_sync)
+
+
+@node(output_name="label", batch_api=True, online_after=0.3)
+def label_soon(text: str, oa_sync) -> str:
+    """A batch still running 0.3 s after its submission: the rest goes online."""
+    return ask_sync(text, oa_sync)
+
+
+@node(output_name="why", batch_api=True)
+def explain(text: str, label: str, oa_sync) -> str:
+    """A second batch call, made once the first has its answer."""
+    return ask_sync(f"why is {text!r} {label}?", oa_sync)

@@ -15,7 +15,7 @@ from hypernodes_daft import DaftEngine
 RAY = os.environ.get("HYPERNODES_CONFORMANCE_DAFT") == "ray"
 # the conformance modules whose tests run on Daft on Ray (limits, usage, budgets, signals,
 # resources built once per Ray worker and torn down when the engine closes)
-RAY_MODULES = ("test_policies", "test_usage", "test_signals", "test_resources")
+RAY_MODULES = ("test_policies", "test_usage", "test_signals", "test_resources", "test_batch_api")
 
 
 def ray_engine() -> DaftEngine:

@@ -5,6 +5,8 @@ line failing only its item with the client's own error type in the node's code."
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 import pytest
 
@@ -97,3 +99,68 @@ def test_wait_false_returns_pending_then_a_rerun_collects(engine, batch_fake, tm
                          again.to_arrow().column("label").to_pylist())) if into else None)
     expected = _online_labels(engine, batch_fake, texts)
     assert ([v for _, v in labels] if into else again.column("label")) == expected
+
+
+def test_expired_cancelled_and_failed_lines_go_again_completed_ones_never(engine, batch_fake,
+                                                                          tmp_path):
+    texts = [f"ok {i}" for i in range(8)] + ["late [[expire:1]]", "stopped [[cancel:1]]"]
+    graph = Graph([B.oa_sync, B.label_retried], engine=engine, cache=DiskCache(tmp_path / "c"))
+    res = graph.map(_inputs(batch_fake, "base_url", texts), map_over="text")
+    assert not res.errors and res.pending == 0
+    counts = batch_fake.counts()
+    assert sorted(received for received, _ in counts.values()) == [1] * 8 + [2, 2]
+    assert all(answered == 1 for _, answered in counts.values())
+    batch_fake.reset()
+    batch_fake.configure(fail_batches=1)  # the next batch fails validation as a whole
+    other = [f"again {i}" for i in range(6)]
+    res = graph.map(_inputs(batch_fake, "base_url", other), map_over="text")
+    assert not res.errors and batch_fake.stats()["batches_failed"] == 1
+    assert all(answered == 1 for _, answered in batch_fake.counts().values())
+
+
+def test_a_queue_limit_refusal_is_waited_out(engine, batch_fake, tmp_path):
+    texts = [f"queued {i}" for i in range(6)]
+    graph = Graph([B.oa_sync, B.label_sync], engine=engine, cache=DiskCache(tmp_path / "c"))
+    batch_fake.configure(queue_refuse=True, queue_tokens=1)  # a gateway refusing at create
+    lift = threading.Timer(0.6, batch_fake.configure, kwargs={"queue_refuse": False,
+                                                               "queue_tokens": None})
+    lift.start()
+    try:
+        res = graph.map(_inputs(batch_fake, "base_url", texts), map_over="text")
+    finally:
+        lift.cancel()
+    assert not res.errors and res.rows == 6
+    stats = batch_fake.stats()
+    assert stats["queue_refused"] >= 1 and stats["batches"] == 1
+    assert all(c == [1, 1] for c in batch_fake.counts().values())
+
+
+def test_online_after_sends_the_rest_online_and_keeps_finished_lines(engine, batch_fake,
+                                                                     tmp_path):
+    texts = [f"slow {i}" for i in range(20)]
+    graph = Graph([B.oa_sync, B.label_soon], engine=engine, cache=DiskCache(tmp_path / "c"))
+    batch_fake.configure(delay=1.5)  # answers 1/1.5 of its lines a second
+    res = graph.map(_inputs(batch_fake, "base_url", texts), map_over="text")
+    assert not res.errors and res.pending == 0
+    stats = batch_fake.stats()
+    assert 0 < stats["online_requests"] < 20  # the lines the batch had finished are kept
+    assert stats["lines_succeeded"] + stats["online_requests"] == 20
+    assert all(answered == 1 for _, answered in batch_fake.counts().values())
+    assert res.column("label") == _online_labels(engine, batch_fake, texts)
+
+
+def test_a_budget_stops_submission(engine, batch_fake, tmp_path):
+    texts = [f"budget {i}: " + "word " * (i % 3) for i in range(12)]
+    nodes = [B.oa_sync, B.label_sync, B.explain]
+    measure = Graph(nodes, engine=engine, cache=DiskCache(tmp_path / "m")).map(
+        _inputs(batch_fake, "base_url", texts), map_over="text")
+    labels = measure.usage["label_sync"]["tokens"]
+    batch_fake.reset()
+    graph = Graph(nodes, engine=engine, cache=DiskCache(tmp_path / "c"))
+    res = graph.map(_inputs(batch_fake, "base_url", texts), map_over="text",
+                    on_error="collect", budget={"tokens": labels * 1.5})
+    refused = [r for r in res if r.status == "error"]
+    assert refused and all(type(r.error).__name__ == "BudgetExceededError" for r in refused)
+    assert res.unfinished == len(refused) < len(texts)
+    sent = batch_fake.stats()["batch_lines"]  # refused requests were never submitted
+    assert sent == 2 * len(texts) - len(refused)  # an answered line is never refused

@@ -26,11 +26,14 @@ __all__ = ["Gate", "Entry", "Host", "gates_for", "PACE", "RETRY_AFTER_SPREAD"]
 _BUILT: Memo[tuple[Gate, ...]] = Memo("policies.gates")  # a forked child's start anew
 
 
-def gates_for(policy: Policy, budget: Budget | None = None) -> tuple[Gate, ...]:
-    """The gates of ``policy`` in this process, then the ``budget``'s (a metering node's)."""
+def gates_for(policy: Policy, budget: Budget | None = None,
+              checks: bool = True) -> tuple[Gate, ...]:
+    """The gates of ``policy`` in this process, then the ``budget``'s (a metering node's;
+    ``checks=False``: it only counts what calls metered, e.g. a ``batch_api`` node, whose
+    requests the budget checked when they went into a batch)."""
     where = backend()
     found = _BUILT.get((where.name, where.directory, policy), lambda: _build(policy))
-    return found if budget is None else (*found, BudgetGate(policy.node, budget))
+    return found if budget is None else (*found, BudgetGate(policy.node, budget, checks))
 
 
 def _build(p: Policy) -> tuple[Gate, ...]:
