@@ -25,7 +25,8 @@ CORE = {"policies.limits", "policies.machine", "policies.gates", "policies.learn
         "policies.aimd", "policies.retryafter", "policies.usage.seen",
         "policies.usage.estimates", "policies.usage.quantities", "policies.stats",
         "resources", "execution.syncio", "execution.batching", "execution.context.worker",
-        "execution.progress.local", "execution.progress.tickers", "engines.channels.sender"}
+        "execution.progress.local", "execution.progress.tickers", "engines.channels.sender",
+        "execution.batchwait.stores", "execution.batchwait.copies"}
 
 
 def test_every_per_process_registry_is_in_process() -> None:

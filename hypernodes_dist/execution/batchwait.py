@@ -44,8 +44,8 @@ class BatchLink:
 
 
 LINK: ContextVar[BatchLink | None] = ContextVar("hn_batch_link", default=None)
-_STORES: Memo[tuple[RequestLog, AnswerStore]] = Memo("batchapi.stores")
-_COPIES: Memo[tuple[Any, Any]] = Memo("batchapi.recording_clients")
+_STORES: Memo[tuple[RequestLog, AnswerStore]] = Memo("execution.batchwait.stores")
+_COPIES: Memo[tuple[Any, Any]] = Memo("execution.batchwait.copies")
 
 
 def supported(client: Any) -> bool:
