@@ -107,11 +107,11 @@ class OpenAIRoutes:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if getattr(part, "name", None) == "purpose":
-                purpose = (await part.text()).strip()  # type: ignore[union-attr]
+                purpose = (await part.text()).strip()  # type: ignore[union-attr]  # a part of a flat form, never a nested multipart
             elif getattr(part, "name", None) == "file":
-                name = part.filename or name  # type: ignore[union-attr]
+                name = part.filename or name  # type: ignore[union-attr]  # a part of a flat form, never a nested multipart
                 with path.open("wb") as f:
-                    while chunk := await part.read_chunk(1 << 20):  # type: ignore[union-attr]
+                    while chunk := await part.read_chunk(1 << 20):  # type: ignore[union-attr]  # a part of a flat form, never a nested multipart
                         f.write(chunk)
                         size += len(chunk)
         if not path.exists():

@@ -199,8 +199,8 @@ def annotate(exc: BaseException, node: str, item: int | None = None) -> BaseExce
     note = f"hypernodes: failed {where}"
     if note not in notes:  # nested graphs add the outer node and item after the inner ones
         notes.append(note)
-    exc.hn_node = node  # type: ignore[attr-defined]
-    exc.hn_item = item  # type: ignore[attr-defined]
+    exc.hn_node = node  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
+    exc.hn_item = item  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
     return exc
 
 
@@ -218,7 +218,7 @@ def portable(exc: BaseException) -> BaseException:
     state = _portable_state(exc)
     if state is not None:
         # this instance pickles by state (pickle looks __reduce_ex__ up on the instance)
-        exc.__reduce_ex__ = _by_state(type(exc), exc.args, state)  # type: ignore[method-assign, assignment]
+        exc.__reduce_ex__ = _by_state(type(exc), exc.args, state)  # type: ignore[method-assign, assignment]  # this instance's own reducer: it pickles by state
         if _round_trips(exc):
             return exc
         del exc.__reduce_ex__

@@ -290,7 +290,7 @@ class Graph:
             mapped, broadcast = read_columns(self.plan, source, inputs or {}, columns)
             inputs, map_over = {**broadcast, **mapped}, list(mapped)
         # inputs/map_over None: run_map raises a TypeError naming what to pass
-        return run_map(self.plan, self.engine, inputs, map_over,  # type: ignore[arg-type]
+        return run_map(self.plan, self.engine, inputs, map_over,  # type: ignore[arg-type]  # None reaches run_map, which names what to pass
                        map_mode=map_mode, **common)
 
 

@@ -479,7 +479,7 @@ def _copy_metadata(built: HyperNode, func: Callable[..., Any]) -> None:
                 setattr(built, attr, value)
             except (AttributeError, TypeError):
                 pass
-    built.__wrapped__ = func  # type: ignore[attr-defined]
+    built.__wrapped__ = func  # type: ignore[attr-defined]  # __wrapped__ for inspect.unwrap, as functools.wraps sets it
 
 
 def _literal_targets(func: Callable[..., Any], name: str, localns: dict[str, Any]) -> list[Any]:

@@ -169,7 +169,7 @@ class GraphResult:
             return self.outputs == other
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable (compares by value); mypy wants a method
 
     # -- convenience -------------------------------------------------------------------------
     @property

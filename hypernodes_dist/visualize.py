@@ -13,9 +13,9 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.nodes import END, BranchNode, GateNode, HyperNode
 from hypernodes_dist.plan import PlannedGraph
 
 __all__ = ["to_mermaid", "to_dot", "visualize", "graphviz_available", "structure"]
@@ -55,11 +55,13 @@ def structure(graph: PlannedGraph) -> _Structure:
     has_end = False
     for n in plan.nodes:
         if n.kind == "branch":
-            edges.append(_Edge(f"node:{n.name}", f"node:{n.when_true}", "true", True))  # type: ignore[attr-defined]
-            edges.append(_Edge(f"node:{n.name}", f"node:{n.when_false}", "false", True))  # type: ignore[attr-defined]
+            branch = cast(BranchNode, n)
+            edges.append(_Edge(f"node:{n.name}", f"node:{branch.when_true}", "true", True))
+            edges.append(_Edge(f"node:{n.name}", f"node:{branch.when_false}", "false", True))
         elif n.kind == "gate":
-            for choice in n.choices:  # type: ignore[attr-defined]
-                desc = n.descriptions.get(choice, "")  # type: ignore[attr-defined]
+            gate = cast(GateNode, n)
+            for choice in gate.choices:
+                desc = gate.descriptions.get(choice, "")
                 if choice is END or choice == END:
                     has_end = True
                     edges.append(_Edge(f"node:{n.name}", "END", desc or "END", True))

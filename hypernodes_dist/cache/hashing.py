@@ -111,9 +111,9 @@ def hash_value(value: object) -> str:
     t = type(value)
     if t is str:
         try:
-            return xxh3_128_hexdigest(b"s" + value.encode())  # type: ignore[attr-defined]
+            return xxh3_128_hexdigest(b"s" + value.encode())  # type: ignore[attr-defined]  # type(value) is str, which mypy does not narrow on
         except UnicodeEncodeError:
-            return xxh3_128_hexdigest(_str_payload(value))  # type: ignore[arg-type]
+            return xxh3_128_hexdigest(_str_payload(value))  # type: ignore[arg-type]  # type(value) is str, which mypy does not narrow on
     if t is int:
         return xxh3_128_hexdigest(b"i%x" % value)  # type: ignore[str-format]  # an int
     enc = _SCALARS.get(t)

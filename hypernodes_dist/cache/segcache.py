@@ -104,7 +104,7 @@ class SegmentCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         token, prepared_by = state.pop("_token"), state.pop("_prepared_by")
-        self.__init__(**state)  # type: ignore[misc]
+        self.__init__(**state)  # type: ignore[misc]  # unpickling rebuilds the handle from its config
         self._token, self._prepared_by = token, prepared_by
 
     # -- the store, per process -------------------------------------------------------------

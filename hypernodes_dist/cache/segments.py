@@ -278,7 +278,7 @@ class SegmentIndex:
         segments = self.segments
         for key, loc in zip(compress(keys, locs), filter(None, locs)):
             number, entry = loc >> ENTRY_BITS, loc & ENTRY_MASK
-            starts = segments[number].starts  # type: ignore[union-attr]
+            starts = segments[number].starts  # type: ignore[union-attr]  # the index points only into loaded segments
             b = bisect.bisect_right(starts, entry) - 1 if len(starts) > 1 else 0
             where = BlockAt(number, b)
             group = groups.get(where)

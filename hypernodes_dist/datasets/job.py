@@ -210,8 +210,8 @@ class PartTask:
             f"output column's Arrow type {f.type} (taken from the node's return annotation "
             "or the map's first items); annotate the node's return type (-> object stores "
             "any value pickled)")
-        problem.hn_node = node  # type: ignore[attr-defined]
-        problem.hn_item = offset + first  # type: ignore[attr-defined]
+        problem.hn_node = node  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
+        problem.hn_item = offset + first  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
         if self.settings.on_error == "raise":
             raise problem
         for i in bad:

@@ -119,4 +119,4 @@ class DatasetResult:
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, DatasetResult) and other.path == self.path
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable (compares by value); mypy wants a method

@@ -19,7 +19,7 @@ import weakref
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: only the pid tells
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl (Windows): folders are not locked
 
 __all__ = ["Scratch", "remove_stale"]
 

@@ -123,7 +123,7 @@ def call_kwargs(node: HyperNode, columns: Sequence[list[Any]]) -> dict[str, Any]
 
 async def invoke(node: HyperNode, kwargs: dict[str, Any]) -> Any:
     """What one call of ``node`` returns (awaited when it is async)."""
-    result = node.func(**kwargs)  # type: ignore[misc]
+    result = node.func(**kwargs)  # type: ignore[misc]  # a called node has a func (only interrupts have none)
     if inspect.isawaitable(result):
         result = await result
     return result

@@ -133,7 +133,7 @@ async def call_column(node: HyperNode, todo: Sequence[int], its: Sequence[Iterab
         end = time.perf_counter()
         if claimed:
             for k, value in zip(group, values):
-                future = claimed.get(keys[k])  # type: ignore[index]
+                future = claimed.get(keys[k])  # type: ignore[index]  # claimed holds only keyed items, so keys[k] is a str
                 if future is not None and not future.done():
                     future.set_result(([value], start, end))
         on_call(group, values, start, end)
@@ -224,7 +224,7 @@ def _claim(node: HyperNode, scope: str, keys: Sequence[str], blocking: bool
             if key:
                 claimed[key] = Future()
                 running[key] = (claimed[key], me)
-    return (range(len(keys)) if not twins else own), twins, claimed  # type: ignore[return-value]
+    return (range(len(keys)) if not twins else own), twins, claimed  # type: ignore[return-value]  # a range of every position where no item is a twin
 
 
 def _release(node: HyperNode, scope: str, claimed: dict[str, Future[Done]]) -> None:

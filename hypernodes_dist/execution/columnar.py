@@ -214,7 +214,7 @@ def _store_all(st: BatchState, node: HyperNode, results: list[Any]) -> bool:
     node_keys = st.node_keys.get(node.name)
     for name in outputs:
         if node_keys is not None:
-            st.src_keys[name] = node_keys  # type: ignore[assignment]
+            st.src_keys[name] = node_keys  # type: ignore[assignment]  # a node's key list is read as its outputs' source keys, never written
         else:
             st.src_keys.pop(name, None)
     st.codes[node.name] = bytearray(b"\x01") * st.n

@@ -150,12 +150,12 @@ async def _step(flow: Flow, node: HyperNode, i: int) -> None:
             return
     shared = key is not None and node.kind == "function" and bool(node.outputs)
     if shared:  # not decisions
-        st.view.begin(key)  # type: ignore[arg-type]
+        st.view.begin(key)  # type: ignore[arg-type]  # shared implies key is not None
     try:
         await _compute(flow, node, i, key)
     finally:
         if shared:
-            st.view.end(key, _value_of(st, node, i))  # type: ignore[arg-type]
+            st.view.end(key, _value_of(st, node, i))  # type: ignore[arg-type]  # shared implies key is not None
 
 
 def _value_of(st: BatchState, node: HyperNode, i: int) -> Any:
@@ -245,7 +245,7 @@ def _key_of(flow: Flow, node: HyperNode, i: int) -> str:
         return node_keys[i]
     key = _item_key(flow, node, i)
     if node_keys is None:
-        node_keys = st.node_keys[node.name] = [None] * st.n  # type: ignore[list-item]
+        node_keys = st.node_keys[node.name] = [None] * st.n  # type: ignore[list-item]  # each item's key is written in as it is computed
     node_keys[i] = key
     return key
 

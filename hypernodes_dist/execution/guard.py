@@ -139,7 +139,7 @@ class Guard:
         p, attempt = self.policy, entry.attempt
         if (attempt > p.retries or not p.retryable(exc) or final(exc)
                 or should_retry(exc) is False):  # the provider's x-should-retry: false
-            exc.hn_attempts = attempt  # type: ignore[attr-defined]
+            exc.hn_attempts = attempt  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
             if attempt > 1:
                 try:
                     exc.add_note(f"hypernodes retries: gave up after {attempt} attempts "
@@ -187,7 +187,7 @@ class Guard:
             self._exit(entry, len(self.gates), failed)
         while True:
             if entry is not None:
-                wait = self._retry(entry, entry.error)  # type: ignore[arg-type]
+                wait = self._retry(entry, entry.error)  # type: ignore[arg-type]  # an entry made here or kept after a failure has its error
                 if wait > 0:
                     timing.waited += wait
                     await _sleep(wait, blocking)

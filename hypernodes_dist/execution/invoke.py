@@ -66,7 +66,7 @@ async def call_node(node: HyperNode, kwargs: dict[str, Any], on_chunk: ChunkSink
     """
     if node.batch_size is not None:  # one item as one-item lists
         return await call_single(node, kwargs)
-    result = node.func(**kwargs)  # type: ignore[misc]
+    result = node.func(**kwargs)  # type: ignore[misc]  # a called node has a func (only interrupts have none)
     if inspect.isawaitable(result) and not inspect.isasyncgen(result):
         result = await result
     if not node.streaming:

@@ -21,7 +21,7 @@ import contextvars
 import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from hypernodes_dist.cache.keys import scope_token
 from hypernodes_dist.errors import GateDecisionError, MaxIterationsError, NestedPause, annotate
@@ -46,7 +46,7 @@ from hypernodes_dist.execution.runstate import RunContext, RunState
 from hypernodes_dist.execution.statesync import delta_ops
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.missing import MISSING
-from hypernodes_dist.nodes import END, HyperNode
+from hypernodes_dist.nodes import END, BranchNode, GateNode, HyperNode, InterruptNode
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import Metering
 from hypernodes_dist.results import NodeExecution
@@ -346,7 +346,8 @@ class Scheduler:
 
     async def _interrupt(self, node: HyperNode, step: int) -> None:
         state, name = self.state, node.name
-        value = state.values[node.input_param]  # type: ignore[attr-defined]
+        asks = cast(InterruptNode, node)
+        value = state.values[asks.input_param]
         response = state.responses.pop(name, MISSING)
         emit = self.ctx.emit
         if response is not MISSING and emit is not None:
@@ -366,9 +367,9 @@ class Scheduler:
         state.counts[name] = state.counts.get(name, 0) + 1
         if name in self.plan.gated:
             state.activations[name] -= 1
-        outputs = {node.response_param: response}  # type: ignore[attr-defined]
+        outputs = {asks.response_param: response}
         ops = delta_ops(state.values, outputs) if self.ctx.state_events else None
-        state.write(node.response_param, response, None)  # type: ignore[attr-defined]
+        state.write(asks.response_param, response, None)
         if ops:
             self._emit_delta(node, step, ops)
         state.history.append(NodeExecution(name, step, state.counts[name] - 1, 0, "", outputs))
@@ -423,8 +424,9 @@ def decision_target(node: HyperNode, value: Any) -> str:
             raise GateDecisionError(
                 f"branch {node.name!r} must return a bool, got {type(value).__name__}: {value!r}"
             )
-        return node.when_true if value else node.when_false  # type: ignore[attr-defined]
-    choices = node.choices  # type: ignore[attr-defined]
+        branch = cast(BranchNode, node)
+        return branch.when_true if value else branch.when_false
+    choices = cast(GateNode, node).choices
     if value in choices:
         return END if value == END else value
     allowed = ", ".join(repr(c) for c in choices)
@@ -450,5 +452,6 @@ def validate_response(node: HyperNode, response: Any) -> Any:
             pass
     raise TypeError(
         f"interrupt {node.name!r} expects a response of type {expected.__name__} for "
-        f"{node.response_param!r}, got {type(response).__name__}: {response!r}"  # type: ignore[attr-defined]
+        f"{cast(InterruptNode, node).response_param!r}, got {type(response).__name__}: "
+        f"{response!r}"
     )

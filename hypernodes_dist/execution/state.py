@@ -161,7 +161,7 @@ def src_column(st: BatchState, output: str) -> list[str | None]:
     elif len(st.plan.producers[output]) == 1 and src is st.node_keys.get(
             st.plan.producers[output][0]):
         # src is a list here; mypy narrows it to the type of the right side of ``is``
-        src = st.src_keys[output] = list(src)  # type: ignore[arg-type]
+        src = st.src_keys[output] = list(src)  # type: ignore[arg-type]  # src is a list here; mypy narrows it to the right side of ``is``
     return src
 
 

@@ -137,13 +137,13 @@ class _ProcessLoop(asyncio.SelectorEventLoop):
     closed there): asyncio would leave it asleep in ``select`` until some I/O came."""
 
     # asyncio's stubs type these with a TypeVarTuple; the runtime signature is the same
-    def call_soon(  # type: ignore[override]
+    def call_soon(  # type: ignore[override]  # same call, typed narrower by typeshed
             self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
         handle = super().call_soon(callback, *args, context=context)
         self._wake_from_elsewhere()
         return handle
 
-    def call_at(  # type: ignore[override]
+    def call_at(  # type: ignore[override]  # same call, typed narrower by typeshed
             self, when: float, callback: Any, *args: Any,
             context: Any = None) -> asyncio.TimerHandle:
         timer = super().call_at(when, callback, *args, context=context)
@@ -151,9 +151,9 @@ class _ProcessLoop(asyncio.SelectorEventLoop):
         return timer
 
     def _wake_from_elsewhere(self) -> None:
-        running = self._thread_id  # type: ignore[attr-defined]
+        running = self._thread_id  # type: ignore[attr-defined]  # BaseEventLoop internals, not in typeshed
         if running is not None and running != threading.get_ident():
-            self._write_to_self()  # type: ignore[attr-defined]
+            self._write_to_self()  # type: ignore[attr-defined]  # BaseEventLoop internals, not in typeshed
 
 
 class _Handle:

@@ -158,7 +158,7 @@ def watch(obj: Any, key: str) -> None:
         async def hook(response: Any) -> None:
             learned.saw(response.headers)
     else:
-        def hook(response: Any) -> None:  # type: ignore[misc]
+        def hook(response: Any) -> None:  # type: ignore[misc]  # the sync variant: httpx.Client calls its hooks
             learned.saw(response.headers)
     hooks = dict(hooks)
     hooks["response"] = [*hooks.get("response", []), hook]

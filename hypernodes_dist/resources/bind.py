@@ -135,7 +135,7 @@ def _bound(node: HyperNode, resources: Mapping[str, Resource], idents: Mapping[s
     # a sync node taking an async resource awaits it: the bound node is async
     bound.is_async = node.is_async or any(r.is_async for r in needed)
     bound.policy = _with_limits(node, [resources[p] for p in direct], idents)
-    bound.fetch_resources = fetch = _Fetch(needed, idents)  # type: ignore[attr-defined]
+    bound.fetch_resources = fetch = _Fetch(needed, idents)  # type: ignore[attr-defined]  # only a bound node carries its resource fetch
     bound.func = _caller(node, bound.is_async, direct, fetch, tuple(hidden))
     return bound
 
@@ -186,7 +186,7 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], fetch: _Fetch,
                 for chunk in chunks:
                     yield chunk
     elif is_async:
-        async def call(**kwargs: Any) -> Any:  # type: ignore[misc]
+        async def call(**kwargs: Any) -> Any:  # type: ignore[misc]  # the async variant of call
             built = await fetch.aget(take(kwargs))
             value = func(**kwargs, **pick(built))
             return await value if node.is_async else value

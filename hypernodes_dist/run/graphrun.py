@@ -135,7 +135,7 @@ class GraphRun:
                                                 node.response_param)
                 return event
             if self._task.done() or (self._waiting and self._interrupt is not None
-                                     and not self._answered.is_set()):  # type: ignore[union-attr]
+                                     and not self._answered.is_set()):  # type: ignore[union-attr]  # _answered is set whenever _waiting is
                 if self._error is not None and not self._error_raised:
                     self._error_raised = True
                     raise self._error

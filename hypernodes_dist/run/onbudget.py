@@ -103,13 +103,13 @@ class Asker:
 
     def _write(self, stopped: set[str]) -> None:
         answers = {"limits": dict(self.limits), "stopped": sorted(stopped)}
-        self.budget.answers(self.where).update(lambda _old: answers)  # type: ignore[union-attr]
+        self.budget.answers(self.where).update(lambda _old: answers)  # type: ignore[union-attr]  # an Asker runs only for a map with a budget
 
     def _ask(self, quantity: str, used: float, most: float) -> float | None:
         if self.error is not None:
             return None
         try:
-            new = self.ask(quantity, used, most)  # type: ignore[misc]
+            new = self.ask(quantity, used, most)  # type: ignore[misc]  # an Asker runs only for a map with on_budget
         except BaseException as exc:  # the map raises it at its end
             self.error = exc
             return None

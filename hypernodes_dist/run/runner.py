@@ -180,7 +180,7 @@ class LocalRun:
         return capture(
             self.state, session_id=self.session_id, run_id=self.run_id,
             graph_hash=self.graph.plan.graph_hash, plan=self.graph.plan, status=status,
-            checkpoint_id=self.ctx.pause_checkpoint_id if paused else None,  # type: ignore[union-attr]
+            checkpoint_id=self.ctx.pause_checkpoint_id if paused else None,  # type: ignore[union-attr]  # paused means self.ctx is not None
         )
 
     def _persist(self) -> None:
@@ -212,7 +212,7 @@ class LocalRun:
             outputs,
             session_id=self.session_id,
             run_id=self.run_id,
-            status=status,  # type: ignore[arg-type]
+            status=status,  # type: ignore[arg-type]  # status is one of GraphResult's literals
             history=list(state.history),
             error=self.error,
             interrupt=interrupt,

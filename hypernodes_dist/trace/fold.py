@@ -45,8 +45,9 @@ class TraceNode:
 
     @property
     def ended_at(self) -> float | None:
-        done = self.started_at is not None and self.duration_ms is not None
-        return self.started_at + self.duration_ms / 1000.0 if done else None  # type: ignore[operator]
+        if self.started_at is None or self.duration_ms is None:
+            return None
+        return self.started_at + self.duration_ms / 1000.0
 
     @property
     def retries(self) -> int:
@@ -202,7 +203,7 @@ class Fold:
         if rec.id not in self.streams:
             rec.chunks = Chunks(rec.chunks or ())
             self.streams.add(rec.id)
-        return rec.chunks  # type: ignore[return-value]
+        return rec.chunks  # type: ignore[return-value]  # set to this fold's Chunks just above
 
     def _on_node_start(self, ev: E.NodeStartEvent) -> None:
         rec = self._execution(ev, ev.iteration)

@@ -60,7 +60,7 @@ class Trace:
     def __eq__(self, other: object) -> bool:
         return self._content()[:2] == other._content()[:2] if isinstance(other, Trace) else NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable (compares by value); mypy wants a method
 
     def __len__(self) -> int:
         return len(self._fold(records=True).nodes)

@@ -147,7 +147,7 @@ class DaskEngine(Engine):
         return self._processes
 
     @property
-    def max_workers(self) -> int:  # type: ignore[override]
+    def max_workers(self) -> int:  # type: ignore[override]  # a property over the base class's attribute
         return self.num_workers or _cpu_count()
 
     def workers(self) -> int:
@@ -322,7 +322,7 @@ def _worker_died(job: MapJob, spans: list[tuple[int, int]], how: str) -> NodeErr
         "partition_size=1 to isolate the item", "KilledWorker")
     error.__notes__ = [f"hypernodes: failed in {where} ({items})"]
     single = len(spans) == 1 and spans[0][1] - spans[0][0] == 1
-    error.hn_node = nodes[0] if len(nodes) == 1 else None  # type: ignore[attr-defined]
-    error.hn_item = spans[0][0] if single else None  # type: ignore[attr-defined]
-    error.hn_items = [i for a, b in spans for i in range(a, b)]  # type: ignore[attr-defined]
+    error.hn_node = nodes[0] if len(nodes) == 1 else None  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
+    error.hn_item = spans[0][0] if single else None  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
+    error.hn_items = [i for a, b in spans for i in range(a, b)]  # type: ignore[attr-defined]  # hn_* annotations go on any exception instance
     return error

@@ -125,7 +125,7 @@ def on_processes(pool: ProcessPool | None, obj: Any,
         yield filed
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(filed.path)  # type: ignore[arg-type]
+            os.unlink(filed.path)  # type: ignore[arg-type]  # a filed shipment has a path
 
 
 @contextlib.contextmanager
