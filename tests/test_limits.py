@@ -7,10 +7,15 @@ import bisect
 import multiprocessing
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
+from hypernodes_dist import Graph, node, resource
 from hypernodes_dist import policies as pol
+from hypernodes_dist.policies.aimd import backoff_for
+from hypernodes_dist.policies.gates.concurrency import ConcurrencyGate
 from hypernodes_dist.policies.limits import Slots, limiter
 
 N = 16  # units of the limit under test
@@ -236,3 +241,198 @@ def test_small_counts_have_no_burst():
 
     assert paced(5, 1.0) == (5, 1.0) and paced(199, 60.0) == (199, 1.0)
     assert paced(3000, 10.0) == (2971, 30.0)
+
+
+@node(output_name="y", concurrency=8)
+async def _cut_node(x: int) -> int:
+    return x
+
+
+def _behind_a_cut(directory: str, running, peak, lock, ready, go, out) -> None:
+    """One process: 12 calls of ``_cut_node`` at once through its guard (the API's width
+    was lowered before the process started), each holding its unit for 0.1 s."""
+    import os
+
+    os.environ["HYPERNODES_LIMITS_DIR"] = directory
+    from hypernodes_dist.execution.guard import Guard
+
+    guard = Guard(_cut_node)
+
+    async def call() -> None:
+        with lock:
+            running.value += 1
+            peak.value = max(peak.value, running.value)
+        await asyncio.sleep(0.1)
+        with lock:
+            running.value -= 1
+
+    async def main() -> None:
+        ready.put(os.getpid())
+        go.wait(60)
+        await asyncio.gather(*(guard.run(call, i) for i in range(12)))
+
+    asyncio.run(main())
+    out.put(guard.gates[1].places.width)
+
+
+def test_a_lowered_width_holds_in_total_across_processes(limits_dir):
+    """"Concurrency lowered to 4 of 8" means 4 calls at once in all processes together:
+    three processes of 12 waiting calls each never run more than 4 (not 4 each)."""
+    assert backoff_for("_cut_node", 8).refused()  # a 429 seen here: 8 -> 4
+    ctx = multiprocessing.get_context("spawn")
+    running, peak = ctx.Value("i", 0, lock=False), ctx.Value("i", 0, lock=False)
+    lock, ready, go, out = ctx.Lock(), ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_behind_a_cut,
+                         args=(limits_dir, running, peak, lock, ready, go, out))
+             for _ in range(3)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    go.set()
+    widths = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert widths == [4, 4, 4] and running.value == 0
+    assert peak.value == 4  # the width binds in total, and is used
+    sem = pol.limits.backend().semaphore("_cut_node", 8)
+    assert sem.value() == 4  # 4 withheld
+    gate = ConcurrencyGate("_cut_node", 8)
+    gate.backoff.state.remove()  # the back-off forgotten (as FORGET seconds after it)
+    gate.backoff.read_at = float("-inf")
+    gate.backoff.refresh()
+    assert gate.backoff.allowed == 8 and sem.value() == 8  # the units came back
+
+
+class _Failing:
+    """A backend semaphore of one unit whose blocking take fails once (a semaphore removed
+    under the process, a scheduler gone)."""
+
+    def __init__(self) -> None:
+        self.units = threading.Semaphore(1)
+        self.failed = False
+
+    def try_take(self) -> bool:
+        return self.units.acquire(blocking=False)
+
+    def take(self) -> None:
+        if not self.failed:
+            self.failed = True
+            raise OSError("hypernodes concurrency limit: semop failed: Identifier removed")
+        self.units.acquire()
+
+    def give(self) -> None:
+        self.units.release()
+
+
+def test_a_failing_backend_fails_the_waiting_calls_instead_of_leaving_them_waiting():
+    slots = Slots(_Failing())
+
+    async def main() -> None:
+        await slots.acquire(blocking=False)  # the one unit
+        waiting = asyncio.ensure_future(slots.acquire(blocking=False))
+        with pytest.raises(OSError, match="Identifier removed"):
+            await asyncio.wait_for(waiting, 10)
+        slots.release()
+        await asyncio.wait_for(slots.acquire(blocking=False), 10)  # the limit works again
+        again = asyncio.ensure_future(slots.acquire(blocking=False))  # a new lease thread
+        await asyncio.sleep(0.01)
+        slots.release()
+        await asyncio.wait_for(again, 10)
+        slots.release()
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ hand-offs under stress
+
+
+class _Refused(Exception):
+    status_code = 429  # a rate-limit error: the API's width is cut, the call retried
+
+
+_STRESS = {"running": 0, "peak": 0, "calls": 0, "boom": False}
+_STRESS_LOCK = threading.Lock()
+
+
+@resource(concurrency=3)
+def _tiny_api() -> str:
+    return "api"
+
+
+@contextmanager
+def _running(x: int, node: str) -> Iterator[None]:
+    """Counts the calls running (a cancelled one too); some are refused for their rate,
+    and one call stops the map when ``boom`` is set."""
+    with _STRESS_LOCK:
+        _STRESS["running"] += 1
+        _STRESS["calls"] += 1
+        _STRESS["peak"] = max(_STRESS["peak"], _STRESS["running"])
+        refused = x % 7 == 3 and _STRESS["calls"] % 5 == 0
+    try:
+        if refused:
+            raise _Refused("429")
+        yield
+        if _STRESS["boom"] and node == "second" and x == 41:
+            raise ValueError(f"boom at {x}")  # the map stops: its waiting calls are cancelled
+    finally:
+        with _STRESS_LOCK:
+            _STRESS["running"] -= 1
+
+
+@node(output_name="a", concurrency=2, retries=50, retry_on=_Refused, timeout=5)
+async def _stress_first(x: int, _tiny_api: str) -> int:
+    with _running(x, "first"):
+        await asyncio.sleep(0.001 * (x % 3))
+    return x
+
+
+@node(output_name="b", concurrency=2, retries=50, retry_on=_Refused)
+def _stress_second(a: int, _tiny_api: str) -> int:
+    with _running(a, "second"):
+        time.sleep(0.0005 * (a % 2))
+    return a
+
+
+def test_many_calls_cancelled_at_tiny_limits_are_all_woken(limits_dir):
+    """Two nodes on one resource (3 units), 2 each, async and sync calls from the loop and
+    from threads, rate-limit errors cutting the width, maps stopped by an error (their
+    waiting calls cancelled): every map ends, no unit is lost, the limits hold."""
+    from hypernodes_dask import DaskEngine
+
+    graph = Graph([_tiny_api, _stress_first, _stress_second])
+    engines = [None, DaskEngine(scheduler="threads", num_workers=3, partition_size=9)]
+    failures: list[BaseException] = []
+
+    def maps() -> None:
+        for round_ in range(24):
+            _STRESS["boom"] = round_ % 3 == 0
+            engine = engines[round_ % 2]
+            g = graph if engine is None else Graph(
+                [_tiny_api, _stress_first, _stress_second], engine=engine)
+            try:
+                res = g.map({"x": list(range(60))}, map_over="x")
+                assert [r["b"] for r in res] == list(range(60))
+            except ValueError as exc:
+                if "boom" not in str(exc):
+                    failures.append(exc)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+    worker = threading.Thread(target=maps, daemon=True)
+    worker.start()
+    worker.join(300)
+    assert not worker.is_alive(), "a map never ended: a waiting call was never woken"
+    engines[1].close()
+    assert not failures, failures
+    assert _STRESS["running"] == 0 and 1 <= _STRESS["peak"] <= 3
+    assert _STRESS["calls"] >= 16 * 2 * 60  # the 16 maps that ran to the end, both nodes
+    sem = pol.limits.backend().semaphore(_tiny_api_key(graph), 3)
+    assert sem.value() == 3  # every unit of the resource came back
+
+
+def _tiny_api_key(graph: Graph) -> str:
+    from hypernodes_dist.resources.bind import limits_key, resource_identities
+
+    return limits_key(_tiny_api, resource_identities({"_tiny_api": _tiny_api})["_tiny_api"])

@@ -20,6 +20,7 @@ from hypernodes_dist import Graph, meter, node
 from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.policies import remove_semaphores
 from hypernodes_dist.policies.aimd import RECOVER, backoff_for, rate_limited
+from hypernodes_dist.policies.gates.concurrency import ConcurrencyGate
 from hypernodes_dist.policies.retryafter import retry_after
 from hypernodes_dist.policies.usage import may_meter
 
@@ -204,7 +205,8 @@ def test_rate_limit_errors_halve_a_nodes_concurrency_and_successes_restore_it(ow
     for _ in range(RECOVER):
         backoff.succeeded()
     assert backoff.allowed == 5  # one more after RECOVER successes in a row
-    places = backoff.places
+    gate = ConcurrencyGate("aimd-node", 8)  # a gate of the node sizes its places by it
+    places = gate.places
     assert [places.try_take() for _ in range(6)] == [True] * 5 + [False]  # the places hold
     for _ in range(5):
         places.give()
@@ -255,7 +257,7 @@ def test_a_lowered_concurrency_binds_calls_already_waiting(own_limits):
     res = Graph([call], callbacks=[CB()]).map({"x": list(range(40))}, map_over="x",
                                               on_error="collect")
     assert [r.status for r in res][1:] == ["complete"] * 39
-    assert lowered == ["rate limited: concurrency lowered to 4 of 8 for every process"]
+    assert lowered == ["rate limited: concurrency lowered to 4 of 8 in total"]
     after = [n for cut, n in starts if cut]
     assert len(after) >= 8 and max(after) <= 4, str(starts)
 

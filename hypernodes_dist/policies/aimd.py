@@ -1,16 +1,19 @@
 """A concurrency that backs off on rate-limit errors and recovers (AIMD), one per API.
 
 A node with ``concurrency=N`` calls through a shared limit of N units (every process of the
-machine, or of the cluster). In front of it each process keeps places (``Backoff``), as
-many as the API's *width*, N at first, which lives in the limits backend (``shared``): one
-back-off for every process calling the API. When a call is refused for its rate (HTTP 429,
-a ``RateLimitError``, a ``Retry-After``), the width halves (multiplicative decrease, at most
-once per ``COOL`` seconds whichever process saw it, never below one); each ``RECOVER``
-successful calls in a row of a process widen it by one (additive increase) back to N; every
-process reads the width within ``REFRESH`` seconds. A lowered width binds: a finished call
-hands its place to a waiting one only while the place is within the width. The places are
-each process's own, so a process always keeps at least one call going: processes that back
-off together can never hold the shared limit's units among them and starve each other.
+machine, or of the cluster). Its *width*, N at first, is the back-off of the API it calls
+(``Backoff``: keyed by the resource the node receives, or by the node when it receives
+none), kept in the limits backend (``shared``): one back-off for every node and process
+calling the API. When a call is refused for its rate (HTTP 429, a ``RateLimitError``, a
+``Retry-After``), the width halves (multiplicative decrease, at most once per ``COOL``
+seconds whichever process saw it, never below one); each ``RECOVER`` successful calls in a
+row of a process widen it by one (additive increase) back to N; every process reads the
+width within ``REFRESH`` seconds; a width untouched for ``FORGET`` seconds is forgotten.
+The concurrency gate makes a lowered width bind in total
+(``shrink.Shrink``: the shared units beyond it are withheld) and in each process
+(``Places``: a finished call hands its place to a waiting one only while the place is
+within the width; every process keeps at least one place, so processes backing off
+together never starve each other).
 """
 
 from __future__ import annotations
@@ -18,17 +21,21 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hypernodes_dist.perprocess import Memo
 from hypernodes_dist.policies.backend import SharedValue
-from hypernodes_dist.policies.limits import Slots, backend, shared
+from hypernodes_dist.policies.limits import backend, shared
 
 __all__ = ["Backoff", "backoff_for", "rate_limited", "Places"]
 
 COOL = 1.0  # seconds between two decreases
 RECOVER = 16  # successful calls in a row that add a place
 REFRESH = 0.1  # seconds a process trusts the shared width it last read
+# a width no process cut or widened for this long is forgotten (the API's full width
+# again): a back-off left by an earlier run, or an API idle since, does not hold calls back
+FORGET = 60.0
 
 
 def rate_limited(exc: BaseException) -> bool:
@@ -85,38 +92,44 @@ class Places:
 
 
 class Backoff:
-    """One API's back-off as this process sees it: its ``places`` (the calls this process
-    lets run at once), as wide as the width every process shares through the limits backend
-    (``state``: ``{"width", "cut_at"}``; none yet: ``n``). A cut or a recovery by any
-    process is read by every other within ``REFRESH`` seconds. ``slots``: its waiting calls.
+    """One API's back-off as this process sees it: the ``width`` every process shares
+    through the limits backend (``state``: ``{"width", "cut_at"}``; none yet: ``n``). A cut
+    or a recovery by any process is read by every other within ``REFRESH`` seconds and
+    passed to the gates ``watch``-ing it (each sizes its places and its shared units).
     """
 
     def __init__(self, n: int, state: SharedValue) -> None:
         self.n = n
-        self.places = Places(n)
-        self.slots = Slots(self.places)  # its waiting calls
+        self.width = n
         self.state = state
         self.lock = threading.Lock()
         self.successes = 0
         self.read_at = -math.inf
+        self.watchers: list[Callable[[int], None]] = []
 
     @property
     def allowed(self) -> int:
-        """Calls this process lets run at once now."""
-        return self.places.width
+        """Calls the API's width lets run at once now (every process together)."""
+        return self.width
+
+    def watch(self, resize: Callable[[int], None]) -> None:
+        """``resize(width)`` now and whenever the width changes."""
+        self.watchers.append(resize)
+        resize(self.width)
 
     def refresh(self) -> None:
-        """Read the shared width (at most every ``REFRESH`` seconds) and size the places."""
+        """Read the shared width (at most every ``REFRESH`` seconds) and pass it on."""
         now = time.monotonic()
         if now - self.read_at >= REFRESH:
             self.read_at = now
             self._apply(self.state.get())
 
     def _apply(self, found: Any) -> None:
-        width = found.get("width") if isinstance(found, dict) else None
-        width = self.n if not isinstance(width, int) else max(1, min(self.n, width))
-        if width != self.places.width:
-            self.places.resize(width)
+        width = _width(found, self.n)
+        if width != self.width:
+            self.width = width
+            for resize in list(self.watchers):
+                resize(width)
 
     def refused(self) -> bool:
         """A call was refused for its rate: halve the width (every process's, at most once
@@ -124,12 +137,12 @@ class Backoff:
         cut = [False]
 
         def change(old: Any) -> dict[str, Any]:
-            old = old if isinstance(old, dict) else {}
-            width, at, now = int(old.get("width", self.n)), float(old.get("cut_at", 0)), time.time()
+            width, now = _width(old, self.n), time.time()
+            at = float(old.get("cut_at", 0)) if isinstance(old, dict) else 0.0
             if now - at < COOL or width <= 1:
-                return {"width": width, "cut_at": at}
+                return {"width": width, "cut_at": at, "at": now}
             cut[0] = True
-            return {"width": max(1, width // 2), "cut_at": now}
+            return {"width": max(1, width // 2), "cut_at": now, "at": now}
 
         self._apply(self.state.update(change))
         self.read_at = time.monotonic()
@@ -140,7 +153,7 @@ class Backoff:
     def succeeded(self) -> None:
         """A call succeeded: after ``RECOVER`` in a row in this process, widen by one (every
         process's) back to ``n``."""
-        if self.places.width >= self.n:
+        if self.width >= self.n:
             return
         with self.lock:
             self.successes += 1
@@ -150,11 +163,20 @@ class Backoff:
         n = self.n
 
         def change(old: Any) -> dict[str, Any]:
-            old = old if isinstance(old, dict) else {}
-            return {**old, "width": min(n, int(old.get("width", n)) + 1)}
+            found = old if isinstance(old, dict) else {}
+            return {**found, "width": min(n, _width(old, n) + 1), "at": time.time()}
 
         self._apply(self.state.update(change))
         self.read_at = time.monotonic()
+
+
+def _width(found: Any, n: int) -> int:
+    """The width a shared state says (``n``: none, or untouched for ``FORGET`` seconds)."""
+    if not isinstance(found, dict) or not isinstance(found.get("width"), int):
+        return n
+    if time.time() - float(found.get("at", found.get("cut_at", 0))) > FORGET:
+        return n
+    return max(1, min(n, found["width"]))
 
 
 _BACKOFFS: Memo[Backoff] = Memo("policies.aimd")  # a forked child starts anew

@@ -54,10 +54,11 @@ LINGER = 0.05  # seconds a remote backend's idle unit stays with the process
 
 
 class _Waiter:
-    __slots__ = ("fut", "loop", "lock", "granted", "cancelled")
+    __slots__ = ("fut", "loop", "lock", "granted", "cancelled", "error")
 
     def __init__(self, blocking: bool) -> None:
         self.granted = self.cancelled = False
+        self.error: BaseException | None = None
         if blocking:
             self.fut, self.loop = None, None
             self.lock = threading.Lock()
@@ -78,14 +79,33 @@ class _Waiter:
             self.fut.set_result(None)
         else:
             assert self.loop is not None  # no loop: the branch above took it
-            self.loop.call_soon_threadsafe(_resolve, self.fut)
+            try:
+                self.loop.call_soon_threadsafe(_resolve, self.fut)
+            except RuntimeError:  # its loop is closed: nobody waits there any more
+                return False
         self.granted = True
         return True
 
+    def fail(self, error: BaseException) -> None:
+        """Wake this waiter with ``error`` instead of a unit (caller holds the lock)."""
+        self.error = error
+        if self.fut is None:
+            self.lock.release()
+        else:
+            assert self.loop is not None
+            try:
+                self.loop.call_soon_threadsafe(_resolve, self.fut, error)
+            except RuntimeError:
+                pass
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
+
+def _resolve(fut: asyncio.Future[None], error: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if error is None:
         fut.set_result(None)
+    else:
+        fut.set_exception(error)
 
 
 class Slots:
@@ -128,6 +148,8 @@ class Slots:
         t0 = time.perf_counter()
         if waiter.fut is None:
             waiter.lock.acquire()
+            if waiter.error is not None:
+                raise waiter.error
         else:
             try:
                 await waiter.fut
@@ -174,6 +196,20 @@ class Slots:
         return False
 
     def _lease(self) -> None:
+        """The lease thread (``_leasing``); if the backend fails it, the calls waiting then
+        get its error (never left waiting for a thread that is gone) and the next waiting
+        call starts a new one."""
+        try:
+            self._leasing()
+        except BaseException as exc:
+            with self.lock:
+                self.leasing, self.idle_since = False, None
+                waiters, self.waiters = self.waiters, deque()
+                for waiter in waiters:
+                    if not waiter.cancelled:
+                        waiter.fail(exc)
+
+    def _leasing(self) -> None:
         """While calls wait: take units from the backend (sleeping there) and pass them on;
         remote backends: give back the units left idle for ``LINGER`` seconds."""
         sem = self.sem

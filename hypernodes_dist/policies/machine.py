@@ -94,6 +94,10 @@ class KernelSemaphore:
         # made once: a call of the limit is one foreign call each way, nothing built per call
         self._semop = _c().semop
         self._take, self._wait, self._give = (ctypes.byref(b) for b in self._bufs)
+        self._withhold_buf = _SemBuf(0, -1, IPC_NOWAIT)
+        self._withhold = ctypes.byref(self._withhold_buf)
+        self._retire_bufs = (_SemBuf * 2)(_SemBuf(0, 1, SEM_UNDO), _SemBuf(0, -1, IPC_NOWAIT))
+        self._retire = ctypes.byref(self._retire_bufs)
 
     def _open(self) -> int:
         c = _c()
@@ -129,6 +133,25 @@ class KernelSemaphore:
 
     def give(self) -> None:
         if self._semop(self.sid, self._give, 1) != 0:
+            raise _os_error("semop")
+
+    def withhold(self, k: int) -> int:
+        """Up to ``k`` free units out of circulation (no ``SEM_UNDO``: they belong to no
+        process; ``shrink.Shrink`` counts them); how many were taken."""
+        taken = 0
+        while taken < k and self._semop(self.sid, self._withhold, 1) == 0:
+            taken += 1
+        return taken
+
+    def retire(self) -> None:
+        """A unit this process holds, kept out of circulation instead of given back: one
+        atomic pair of operations (+1 cancelling this process's undo, -1 without undo)."""
+        if self._semop(self.sid, self._retire, 2) != 0:
+            raise _os_error("semop")
+
+    def restore(self, k: int) -> None:
+        """``k`` withheld units back into circulation."""
+        if k > 0 and self._semop(self.sid, ctypes.byref(_SemBuf(0, k, 0)), 1) != 0:
             raise _os_error("semop")
 
     def value(self) -> int:
@@ -235,7 +258,7 @@ class FileValue:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 value = change(self._read(fd))
-                data = json.dumps(value).encode()
+                data = b"" if value is None else json.dumps(value).encode()
                 os.pwrite(fd, data, 0)
                 os.ftruncate(fd, len(data))
                 return value
@@ -243,10 +266,9 @@ class FileValue:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
     def remove(self) -> None:
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        """Forget the value (emptied in place: processes holding the file open see it go)."""
+        if os.path.exists(self.path):
+            self.update(lambda old: None)
 
 
 class MachineLimits(LimitsBackend):

@@ -41,6 +41,20 @@ class MemorySemaphore:
         self.ops += 1
         self.sem.release()
 
+    def withhold(self, k: int) -> int:
+        """Up to ``k`` free units out of circulation (``shrink.Shrink``)."""
+        taken = 0
+        while taken < k and self.sem.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def retire(self) -> None:
+        """A unit held here, kept out of circulation instead of given back."""
+
+    def restore(self, k: int) -> None:
+        if k > 0:
+            self.sem.release(k)
+
 
 class MemoryRate:
     """Start times ``per/count`` seconds apart (the reservation ``machine.FileRate`` keeps in

@@ -55,3 +55,14 @@ def open_api(base_url: str, api_key: str):
 @node(output_name="label", retries=8)
 async def ask_open(text: str, open_api) -> str:
     return await _ask(open_api, text)
+
+
+# a back-off: the API's width lowered by a 429 binds every process together
+@resource(rate_limit="400/second")
+def backoff_api(base_url: str, api_key: str):
+    return _client(base_url, api_key)
+
+
+@node(output_name="label", retries=3, concurrency=8)
+async def ask_backoff(text: str, backoff_api) -> str:
+    return await _ask(backoff_api, text)

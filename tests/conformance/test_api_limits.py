@@ -84,3 +84,31 @@ def test_limits_learned_from_headers_keep_refusals_low(engine, spent_server):
     assert [r["label"] for r in _complete(res)] == [label_of(t) for t in TEXTS]
     seen = spent_server.keys()[key]
     assert seen["rate_limited"] <= 0.05 * len(TEXTS) + 2, seen  # one probe per process
+
+
+@pytest.fixture(scope="module")
+def slow_server():
+    """Calls of 0.3-0.4 s (they overlap across processes), 6000 requests a minute per key."""
+    with LLMServer(latency=(0.3, 0.4), rpm=6000, bucket=True) as server:
+        yield server
+
+
+def test_a_lowered_concurrency_holds_in_total_across_processes(engine, slow_server):
+    """A 429 lowers the API's width from 8 to 4: after it, the server never sees more than
+    4 calls at once from all the engine's processes together (not 4 per process)."""
+    if getattr(engine, "scheduler", None) == "distributed" or getattr(
+            engine, "runner", None) == "ray":
+        pytest.skip("a cluster backend's units cannot be withheld: the width holds per "
+                    "process there (README, known issues)")
+    key = _key()
+    graph = Graph([A.backoff_api, A.ask_backoff], engine=engine)
+    inputs = {"base_url": slow_server.base_url, "api_key": key}
+    warm = {**inputs, "api_key": f"warm-{key}"}  # every worker process up (same resource)
+    graph.map({"text": [f"warm {i}" for i in range(14)], **warm}, map_over="text")
+    cut = graph.map({"text": [f"[[status:429:1]] cut {key}"], **inputs}, map_over="text")
+    assert _complete(cut) and slow_server.keys()[key]["rate_limited"] == 1
+    texts = [f"after {i}" for i in range(12)]  # fewer successes than a recovery needs
+    res = graph.map({"text": texts, **inputs}, map_over="text")
+    assert [r["label"] for r in _complete(res)] == [label_of(t) for t in texts]
+    seen = slow_server.keys()[key]
+    assert seen["ok"] == 1 + len(texts) and seen["max_in_flight"] <= 4, seen

@@ -42,7 +42,9 @@ def _build(p: Policy) -> tuple[Gate, ...]:
     owners = (p, *p.shared)
     most = p.max_retry_after
     gates: list[Gate] = [HoldOffGate(o.node, most) for o in owners]
-    gates += [ConcurrencyGate(o.node, o.concurrency) for o in owners if o.concurrency]
+    api = p.shared[0].node if p.shared else None  # the node's back-off is its API's
+    gates += [ConcurrencyGate(o.node, o.concurrency, api if o is p else None)
+              for o in owners if o.concurrency]
     gates += [RateGate(o.node, *o.rate, o.rate_text) for o in owners if o.rate]
     gates += [QuantityGate(p.node, q, o.node) for o in owners for q in o.quantities]
     gates += [LearnedGate(p.node, s.node) for s in p.shared if not s.declares]
