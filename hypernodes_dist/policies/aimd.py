@@ -174,7 +174,8 @@ def _width(found: Any, n: int) -> int:
     """The width a shared state says (``n``: none, or untouched for ``FORGET`` seconds)."""
     if not isinstance(found, dict) or not isinstance(found.get("width"), int):
         return n
-    if time.time() - float(found.get("at", found.get("cut_at", 0))) > FORGET:
+    at = found.get("at", found.get("cut_at"))
+    if not isinstance(at, (int, float)) or time.time() - at > FORGET:
         return n
     return max(1, min(n, found["width"]))
 
