@@ -119,3 +119,9 @@ def label_soon(text: str, oa_sync) -> str:
 def explain(text: str, label: str, oa_sync) -> str:
     """A second batch call, made once the first has its answer."""
     return ask_sync(f"why is {text!r} {label}?", oa_sync)
+
+
+@node(output_name="label", batch_api=True)
+def label_untyped(text: str, oa_sync):
+    """No return annotation: a dataset map's first rows tell the output's type."""
+    return ask_sync(text, oa_sync)
