@@ -35,7 +35,8 @@ per file: failed validation with ``errors.data[]``; so do ``duplicate_custom_id`
 them, as ``llm_server``) and ``latency`` (seconds an online answer takes). Markers in a prompt choose a line's fate
 (``batch_answers``). ``stats()`` counts requests, lines by outcome, tokens and cost;
 ``counts()`` gives, per ``request_key``, ``[received, answered]`` over both paths (answered:
-a 2xx or a 4xx other than 429 — what the client keeps).
+a 2xx or a 4xx other than 429 — what the client keeps); ``complete(ids)`` ends running
+batches now (a test's "the provider has answered", with no clock).
 """
 
 from __future__ import annotations
@@ -402,7 +403,15 @@ class OnlineRoutes:
         return web.json_response(body, status=status, headers=headers)
 
 
-def _admin(app: web.Application, store: Store) -> None:
+def _admin(app: web.Application, store: Store, batches: Batches) -> None:
+    async def complete(request: web.Request) -> web.Response:
+        ids = (await request.json()).get("ids")
+        done = [rec for rec in store.batches.values() if rec.status == "in_progress"
+                and (ids is None or rec.id in ids)]
+        for rec in done:
+            batches.end(rec, "completed")
+        return web.json_response({"completed": [rec.id for rec in done]})
+
     async def stats(request: web.Request) -> web.Response:
         return web.json_response(store.summary())
 
@@ -430,6 +439,7 @@ def _admin(app: web.Application, store: Store) -> None:
     app.router.add_get("/stats", stats)
     app.router.add_get("/counts", counts)
     app.router.add_post("/reset", reset)
+    app.router.add_post("/complete", complete)
     app.router.add_get("/config", config)
     app.router.add_post("/config", config)
 
@@ -442,7 +452,7 @@ def _serve(args: argparse.Namespace) -> None:
     OpenAIRoutes(store, batches).add(app)
     AnthropicRoutes(store, batches).add(app)
     OnlineRoutes(store).add(app)
-    _admin(app, store)
+    _admin(app, store, batches)
 
     def on_port(port: int) -> None:
         store.port = port
@@ -505,6 +515,11 @@ class BatchServer(Loopback):
     def reset(self) -> None:
         """Zero the counters (files and batches stay)."""
         self.call("/reset", {})
+
+    def complete(self, ids: list[str] | None = None) -> list[str]:
+        """End the running batches (``ids``, or all) now, every line answered, as if their
+        ``delay`` had passed; the ids ended."""
+        return list(self.call("/complete", {"ids": ids})["completed"])
 
     def __enter__(self) -> BatchServer:
         return self.start()

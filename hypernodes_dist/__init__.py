@@ -26,6 +26,7 @@ from hypernodes_dist.nodes import (
 from hypernodes_dist.policies.usage import meter
 from hypernodes_dist.resources import resource
 from hypernodes_dist.results import GraphResult, MapResult, NodeExecution
+from hypernodes_dist.run.batchcontrol import batch_status, cancel_batches, resubmit_lost_batches
 from hypernodes_dist.trace import TraceCollector
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ __all__ = [
     "resource",
     "meter",
     "in_batch_api",
+    "cancel_batches",
+    "resubmit_lost_batches",
+    "batch_status",
     "Graph",
     "GraphEngine",
     "Engine",

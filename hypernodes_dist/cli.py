@@ -1,6 +1,8 @@
 """``hypernodes-dist`` command line: ``cache info PATH``, ``cache clear PATH [--scope S]
 [--node NAME]``, ``cache prune PATH [--older-than 7d] [--max-size 10GB]`` (PATH: a DiskCache
-directory or an ObjectStoreCache URL) and
+directory or an ObjectStoreCache URL),
+``batches status|cancel|resubmit-lost PATH`` (a map's provider batches; PATH: its ``into``
+folder or its cache folder; see ``hypernodes_dist.run.batchcontrol``) and
 ``bench`` (workloads over engines and item counts; see ``hypernodes_dist.bench``).
 
 Each top-level command is a subparser registered by a ``_add_<command>(subparsers)`` function
@@ -20,6 +22,11 @@ from typing import Any
 from hypernodes_dist.cache.base import SCOPES, Cache
 from hypernodes_dist.cache.units import parse_age, parse_size
 from hypernodes_dist.errors import CommandError
+from hypernodes_dist.run.batchcontrol import (
+    batch_status,
+    cancel_batches,
+    resubmit_lost_batches,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -133,6 +140,62 @@ def _add_cache(subparsers: argparse._SubParsersAction) -> None:
     prune.set_defaults(func=_cache_prune)
 
 
+def _batches_status(args: argparse.Namespace) -> int:
+    found = _batch_command(batch_status, args.path)
+    if args.json:
+        print(json.dumps([vars(s) for s in found], indent=2, sort_keys=True))
+        return 0
+    for s in found:
+        states = ", ".join(f"{n} {state}" for state, n in sorted(s.files.items()))
+        print(f"{s.ledger}: resource {s.resource!r} ({s.provider or 'no batch yet'}): "
+              f"{states or 'no files'}")
+        for what, ids in (("at the provider", s.running), ("lost (404)", s.lost)):
+            if ids:
+                print(f"  {what}: {' '.join(ids)}")
+    if not found:
+        print(f"no batch ledger under {args.path}")
+    return 0
+
+
+def _batches_cancel(args: argparse.Namespace) -> int:
+    ids = _batch_command(cancel_batches, args.path)
+    print(f"cancelled {len(ids)} batches{': ' + ' '.join(ids) if ids else ''}; a rerun of "
+          "the map submits their unanswered requests again")
+    return 0
+
+
+def _batches_resubmit_lost(args: argparse.Namespace) -> int:
+    ids = _batch_command(resubmit_lost_batches, args.path)
+    print(f"{len(ids)} lost batches{': ' + ' '.join(ids) if ids else ''}; the next run of "
+          "the map submits their requests again")
+    return 0
+
+
+def _batch_command(fn: Callable[[str], Any], path: str) -> Any:
+    try:
+        return fn(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _add_batches(subparsers: argparse._SubParsersAction) -> None:
+    batches = subparsers.add_parser(
+        "batches", help="a map's provider Batch API batches (its into= or cache folder)")
+    sub = batches.add_subparsers(dest="batches_command", required=True, metavar="ACTION")
+    status = sub.add_parser("status", help="the map's batch files by state (no provider call)")
+    status.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    cancel = sub.add_parser(
+        "cancel", help="cancel the map's batches at the provider (clients from the "
+        "environment: OPENAI_API_KEY/OPENAI_BASE_URL, ANTHROPIC_API_KEY/ANTHROPIC_BASE_URL)")
+    lost = sub.add_parser("resubmit-lost", help="let the next run submit again the requests "
+                          "of batches the provider no longer knows (404)")
+    for parser, func in ((status, _batches_status), (cancel, _batches_cancel),
+                         (lost, _batches_resubmit_lost)):
+        parser.add_argument("path", metavar="PATH", help="the map's into= folder, its "
+                            "_hn_batches folder, or a cache folder (every map in it)")
+        parser.set_defaults(func=func)
+
+
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     from hypernodes_bench.runner import add_bench_command
 
@@ -140,7 +203,8 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
 
 
 # Registered top-level commands.
-_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_cache, _add_bench]
+_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_cache, _add_batches,
+                                                                  _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

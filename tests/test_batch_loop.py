@@ -82,23 +82,6 @@ def test_wait_false_returns_pending_then_a_rerun_collects(fake, tmp_path):
     assert all(c == [1, 1] for c in fake.counts().values())
 
 
-def test_a_queue_limit_refusal_is_waited_out(fake, tmp_path):
-    clients = {"gpt": _clients(fake)["gpt"]}
-    fake.configure(queue_refuse=True, queue_tokens=1)
-    loop = BatchLoop(tmp_path, transports_for(clients, "m", "n"), backoff=FAST)
-
-    class Unblock(Rows):
-        def node(self, text: str) -> tuple[str, str]:
-            if self.runs == 3:
-                fake.configure(queue_refuse=False, queue_tokens=None)
-            r = self.clients["gpt"].chat.completions.create(
-                model="gpt-4o-mini", messages=[{"role": "user", "content": text}])
-            return r.choices[0].message.content, ""
-    rows = Unblock(loop, clients, ["a", "b"])
-    assert loop.run(rows) == 0 and len(rows.out) == 2
-    assert sum(d.counts.queue_refusals for d in loop.drivers.values()) >= 2
-
-
 def test_a_map_needs_into_or_a_cache_and_a_supported_client(tmp_path):
     assert batch_folder(tmp_path / "out", None, "m") == tmp_path / "out" / "_hn_batches"
     assert batch_folder(None, tmp_path, "m").parent == tmp_path / "_hn_batches"
@@ -123,4 +106,4 @@ def test_a_lost_batch_stops_the_loop_naming_it(fake, tmp_path):
     again = BatchLoop(tmp_path, transports_for(clients, "m", "n"), backoff=FAST)
     with pytest.raises(BatchNotFoundError, match="batch_other_key") as err:
         again.run(Rows(again, clients, ["x"]))
-    assert "resubmit_lost=True" in err.value.__notes__[0]
+    assert "resubmit-lost" in err.value.__notes__[0]

@@ -2,8 +2,8 @@
 ``Anthropic`` or async ``AsyncAnthropic``).
 
 Endpoint: ``/v1/messages`` (``messages.create``). A batch holds at most 100,000 requests and
-256 MB (models may differ); requests go inline with create, so ``upload`` is a no-op
-returning "".
+256 MB of create body (models may differ; ``anthropic_limits`` counts the body's envelope);
+requests go inline with create, so ``upload`` is a no-op returning "".
 
 **Finding a map's batches without metadata.** Message Batches carry no metadata, so every
 ``custom_id`` starts with the map's tag (``<12 hex of the map id>_<request digest>``).
@@ -45,10 +45,21 @@ from hypernodes_dist.batchapi.transport import (
     refuse_streaming,
 )
 
-__all__ = ["AnthropicBatches", "ANTHROPIC_LIMITS", "ERROR_STATUS"]
+__all__ = ["AnthropicBatches", "ANTHROPIC_LIMITS", "ERROR_STATUS", "anthropic_limits"]
 
-# 256 MB less room for the client's own JSON of the lines (spaces after ":" and ",")
-ANTHROPIC_LIMITS = FileLimits(max_lines=100_000, max_bytes=200 * 2**20, one_model=False)
+# the create body is the lines' JSON in ``{"requests":[...]}``, commas for the newlines: it
+# is the packed lines' bytes + this many (the client's JSON is compact UTF-8, as the lines)
+ENVELOPE = len(b'{"requests":[]}') - 1
+
+
+def anthropic_limits(max_requests: int = 100_000, max_bytes: int = 256 * 10**6) -> FileLimits:
+    """Packing limits for a provider taking ``max_requests`` a batch and a create body of
+    at most ``max_bytes`` (Anthropic: 100,000 and 256 MB, read as 10^6 bytes: safe under
+    either reading)."""
+    return FileLimits(max_lines=max_requests, max_bytes=max_bytes - ENVELOPE, one_model=False)
+
+
+ANTHROPIC_LIMITS = anthropic_limits()
 ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
                 "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
                 "rate_limit_error": 429, "api_error": 500, "timeout_error": 504,

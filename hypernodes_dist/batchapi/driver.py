@@ -5,13 +5,18 @@ built and writes an event before and after every provider call, so a rerun (afte
 or a ``wait=False`` map) carries on where the last one stopped:
 
 - ``submit(requests)``: the requests with no answer, in no live batch and with attempts
-  left, packed (a generator into ``transport.pack``), uploaded and created; a create refused
-  for the queue limit leaves its lines for a later ``submit`` (not counted as an attempt).
+  left, packed (a generator into ``transport.pack``), uploaded and created.
+- **The queue limit.** A create refused for it (a gateway's 429, ``QueueLimitError``) or a
+  batch the provider failed for it (OpenAI's ``token_limit_exceeded``) leaves its lines for
+  a later ``submit`` (not counted as an attempt) and ``held``: no further file is uploaded
+  until one of the map's batches ends (or, none running, until the next ``submit``).
 - ``poll()``: each live batch's status; an ended one is downloaded: answered lines (2xx and
   4xx) go to the ``AnswerStore``, expired / cancelled / 5xx / 429 / missing lines and the
   lines of a batch failed as a whole are submitted again by the next ``submit`` while they
   have attempts left (``attempts``: 1 + the node's retries), after which the last outcome is
-  stored as their answer (an error status the client raises as its own error).
+  stored as their answer (an error status the client raises as its own error; for a batch
+  failed as a whole, a 400 carrying the provider's message, kept in the ledger). A batch
+  refused at create with 400/413/422 (the provider's validation) fails as a whole alike.
 - ``online_after``: a batch still running that long after its creation is cancelled; once
   it has ended its answered lines are kept and the others are stored as ``ONLINE``: the
   recording client sends them online (with the node's policies around the call).
@@ -23,15 +28,22 @@ or a ``wait=False`` map) carries on where the last one stopped:
   budget refuses is not submitted and its answer is the refusal (``BudgetExceededError``
   in the node's code); refusals are dropped when a driver starts, so a rerun asks again.
 - A batch the provider no longer knows (404: deleted, or another API key) is ``lost``: its
-  requests are submitted again only with ``resubmit_lost=True`` (the user says so).
+  requests are submitted again only with ``resubmit_lost=True`` or after the user's
+  ``forget`` in the ledger (``run/batchcontrol.resubmit_lost_batches``).
+- **The user's cancel** (``cancel`` events another process appends to the ledger,
+  ``run/batchcontrol.cancel_batches``): the file's unanswered lines are not counted as an
+  attempt, and a driver running when it arrives is ``stopped`` (it submits nothing more).
+- Provider files are deleted once a batch is downloaded, unless ``keep_files``.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from hypernodes_dist.batchapi.clientcalls import http_status
 from hypernodes_dist.batchapi.recording import ONLINE, Answer, refusal_answer
 from hypernodes_dist.batchapi.store import AnswerStore, FileState, Ledger, Request
 from hypernodes_dist.batchapi.transport import (
@@ -54,6 +66,7 @@ Reserve = Callable[[Request], BudgetExceededError | None]
 REFUSED_PREFIX = "refused-"
 
 _SKEW = 300.0  # seconds of clock skew allowed when listing batches after a crash
+_REFUSED_WHOLE = (400, 413, 422)  # a provider's validation refusing a file or batch at once
 
 
 @dataclass
@@ -66,6 +79,7 @@ class DriverCounts:
     lines_answered: int = 0
     lines_again: int = 0
     lines_online: int = 0
+    answer_files: int = 0   # answer files written with at least one answer (rows may go on)
 
 
 def _digest(custom_id: str) -> str:
@@ -88,11 +102,22 @@ class BatchDriver:
         self.files: dict[str, FileState] = self.ledger.files()
         self.counts = DriverCounts()
         self._last: dict[str, Answer] = {}  # digest -> its latest unanswered outcome
+        self._reserved: set[str] = set()    # digests the budget took in this driver
+        self.held = False     # refused for the queue limit: no new file until a batch ends
+        self.again = False    # lines wait to be submitted again (a submit may take them)
+        self.stopped = False  # the user cancelled the map's batches while this driver ran
 
     # -- which requests go ------------------------------------------------------------
-    def _tries(self, digest: str) -> int:
-        return sum(1 for f in self.files.values()
-                   if digest in f.digests and f.counted and f.state in ("done", "failed"))
+    def _history(self) -> tuple[Counter[str], dict[str, str]]:
+        """Counted attempts per digest, and the message of the last whole-batch failure."""
+        tries: Counter[str] = Counter()
+        why: dict[str, str] = {}
+        for f in self.files.values():
+            if f.counted and f.state in ("done", "failed"):
+                tries.update(f.digests)
+                if f.state == "failed" and f.why:
+                    why.update(dict.fromkeys(f.digests, f.why))
+        return tries, why
 
     def _live(self) -> set[str]:
         """Requests in a batch at the provider, or in a lost one not to be resubmitted."""
@@ -107,63 +132,110 @@ class BatchDriver:
     def to_submit(self, requests: Iterable[Request]) -> Iterator[Request]:
         """The requests that go into the next batches (a generator)."""
         live = self._live()
+        history: tuple[Counter[str], dict[str, str]] | None = None
         for req in requests:
             if req.digest in live or self.answers.get(req.digest) is not None:
                 continue
-            if self._tries(req.digest) >= self.attempts:
-                self._give_up(req.digest)
+            history = history or self._history()
+            if history[0][req.digest] >= self.attempts:
+                self._give_up(req.digest, history[1].get(req.digest, ""))
                 continue
-            refused = self.reserve(req) if self.reserve is not None else None
-            if refused is not None:
-                self.answers.put(f"{REFUSED_PREFIX}{req.digest}",
-                                 [(req.digest, refusal_answer(refused))])
+            if not self._reserve(req):
                 continue
             live.add(req.digest)
             yield req
 
-    def _give_up(self, digest: str) -> None:
-        last = self._last.get(digest) or Answer(500, {"error": {
+    def _reserve(self, req: Request) -> bool:
+        """The budget takes the request once per driver (a file refused for the queue limit
+        does not take it twice); a refusal is stored as its answer."""
+        if self.reserve is None or req.digest in self._reserved:
+            return True
+        refused = self.reserve(req)
+        if refused is not None:
+            self._put(f"{REFUSED_PREFIX}{req.digest}", [(req.digest, refusal_answer(refused))])
+            return False
+        self._reserved.add(req.digest)
+        return True
+
+    def _give_up(self, digest: str, why: str) -> None:
+        last = self._last.get(digest)
+        if last is None and why:
+            last = _whole_batch_answer(why)
+        self._put(f"final-{digest}", [(digest, last or Answer(500, {"error": {
             "message": f"the batch line was not answered in {self.attempts} attempt(s)",
-            "type": "batch_line_failed"}})
-        self.answers.put(f"final-{digest}", [(digest, last)])
+            "type": "batch_line_failed"}}))])
+
+    def _put(self, name: str, answers: list[tuple[str, Answer]]) -> None:
+        self.answers.put(name, answers)
+        if answers:
+            self.counts.answer_files += 1
 
     # -- submitting -------------------------------------------------------------------
     async def submit(self, requests: Iterable[Request]) -> int:
-        """Pack, upload and create batches for the requests that need one; lines sent."""
+        """Pack, upload and create batches for the requests that need one; lines sent.
+        Nothing while ``held`` with a batch running, nor once ``stopped``; a queue-limit
+        refusal ends the pass (its lines and the rest wait for a later one)."""
+        if self.stopped or (self.held and self.running):
+            return 0
+        self.held = self.again = False
         lines = (self.transport.line(r.endpoint, r.body) for r in self.to_submit(requests))
         sent = 0
         for file in self.transport.pack(lines):
-            if await self._submit_file(file):
-                sent += len(file.lines)
+            outcome = await self._submit_file(file)
+            if outcome == "held":
+                break
+            sent += len(file.lines) if outcome == "created" else 0
         return sent
 
-    async def _submit_file(self, file: BatchFile) -> bool:
+    async def _submit_file(self, file: BatchFile) -> str:
+        """Upload and create one file: "created", "held" (queue limit) or "failed"."""
         state = FileState(f"{file.tag}-{time.time_ns():x}", file.tag,
                           [_digest(c) for c in file.custom_ids])
         self.files[state.fid] = state
         self.ledger.write("file", fid=state.fid, tag=file.tag, digests=state.digests)
         self.counts.files += 1
-        state.file_id = await self.transport.upload(file)
-        self.ledger.write("uploaded", fid=state.fid, file_id=state.file_id)
-        self.ledger.write("creating", fid=state.fid)
-        state.creating_at = time.time()
         try:
+            state.file_id = await self.transport.upload(file)
+            self.ledger.write("uploaded", fid=state.fid, file_id=state.file_id)
+            self.ledger.write("creating", fid=state.fid)
+            state.creating_at = time.time()
             info = await self.transport.create(file, state.file_id)
         except QueueLimitError:
-            self._fail(state, counted=False)
-            self.counts.queue_refusals += 1
-            return False
+            self._queue_limited(state)
+            return "held"
+        except Exception as exc:
+            status = http_status(exc)
+            if status not in _REFUSED_WHOLE:
+                raise
+            self._failed_whole(state, f"{self.transport.provider} refused the batch "
+                                      f"({status}): {exc}")
+            return "failed"
         self._created(state, info.id)
-        return True
+        return "created"
 
     def _created(self, state: FileState, batch_id: str) -> None:
         state.batch_id, state.state = batch_id, "submitted"
-        self.ledger.write("created", fid=state.fid, batch=batch_id)
+        state.provider = self.transport.provider
+        self.ledger.write("created", fid=state.fid, batch=batch_id, provider=state.provider)
         self.counts.batches_created += 1
 
     def _fail(self, state: FileState, counted: bool, why: str = "") -> None:
         state.state, state.counted = "failed", counted
+        state.why = why or state.why
         self.ledger.write("failed", fid=state.fid, counted=counted, why=why)
+
+    def _queue_limited(self, state: FileState) -> None:
+        """Refused for the provider's queue limit: its lines go again, not as an attempt,
+        once a batch has ended."""
+        self._fail(state, counted=False, why="queue limit")
+        self.counts.queue_refusals += 1
+        self.held = self.again = True
+
+    def _failed_whole(self, state: FileState, message: str) -> None:
+        """Failed as a whole (validation): its lines go again, counted as an attempt."""
+        self._fail(state, counted=True, why=message)
+        self.counts.lines_again += len(state.digests)
+        self.again = True
 
     # -- polling ----------------------------------------------------------------------
     @property
@@ -173,7 +245,9 @@ class BatchDriver:
                    and (f.batch_id or f.creating_at))
 
     async def poll(self) -> int:
-        """One pass over the live batches; how many ended (downloaded or failed)."""
+        """One pass over the live batches; how many ended (downloaded, or failed as a whole
+        other than for the queue limit): each one lifts ``held``."""
+        self._read_commands()
         ended = 0
         for state in [f for f in self.files.values() if f.state == "submitted"]:
             try:
@@ -184,13 +258,24 @@ class BatchDriver:
                 continue
             if info.state == ENDED:
                 await self._download(state, info)
+            elif info.queue_limited:
+                self._queue_limited(state)
+                continue
             elif info.state == FAILED:
-                self._batch_failed(state, info)
+                self._failed_whole(state, info.message or "the batch failed")
             else:
                 await self._maybe_online(state, info)
                 continue
             ended += 1
+            self.held = False
         return ended
+
+    def _read_commands(self) -> None:
+        """The user's ``cancel`` appended to the ledger since: this driver stops."""
+        for ev in self.ledger.commands():
+            state = self.files.get(ev.get("fid", ""))
+            if state is not None and ev["ev"] == "cancel":
+                state.cancelled = self.stopped = True
 
     async def _maybe_online(self, state: FileState, info: BatchInfo) -> None:
         """``online_after``: a batch running that long is cancelled; its unanswered lines
@@ -203,18 +288,6 @@ class BatchDriver:
         state.online = True
         self.ledger.write("online", fid=state.fid)
         await self.transport.cancel(str(state.batch_id))
-
-    def _batch_failed(self, state: FileState, info: BatchInfo) -> None:
-        if info.queue_limited:
-            self.counts.queue_refusals += 1
-            self._fail(state, counted=False, why="queue limit")
-            return
-        failure = Answer(400, {"error": {"message": info.message or "the batch failed",
-                                         "type": "batch_failed"}})
-        for digest in state.digests:
-            self._last[digest] = failure
-        self._fail(state, counted=True, why=info.message)
-        self.counts.lines_again += len(state.digests)
 
     async def _download(self, state: FileState, info: BatchInfo) -> None:
         answered: list[tuple[str, Answer]] = []
@@ -232,11 +305,13 @@ class BatchDriver:
             online = [(d, ONLINE) for d in state.digests if d not in done]
             self.counts.lines_online += len(online)
             answered += online
-        else:
+        elif len(answered) < len(state.digests):
             self.counts.lines_again += len(state.digests) - len(answered)
-        self.answers.put(str(state.batch_id), answered)
-        state.state = "done"
-        self.ledger.write("done", fid=state.fid, answered=len(answered), seen=len(seen))
+            self.again = True
+        self._put(str(state.batch_id), answered)
+        state.state, state.counted = "done", not state.cancelled  # the user's cancel: no try
+        self.ledger.write("done", fid=state.fid, answered=len(answered), seen=len(seen),
+                          counted=state.counted)
         if not self.keep_files:
             await self.transport.delete_files(info)
 
@@ -256,8 +331,8 @@ class BatchDriver:
             match = await self._match(state, found)
             if match is not None:
                 self._created(state, match.id)
-            elif any(not b.confirmed for b in found):
-                left += 1
+            elif any(not b.confirmed and b.total in (0, len(state.digests)) for b in found):
+                left += 1  # a running batch of its size may be it: wait until it ends
             else:
                 self._fail(state, counted=False, why="never created")
         self._drop_unsent()
@@ -278,6 +353,12 @@ class BatchDriver:
                         return info
                     break
         return None
+
+
+def _whole_batch_answer(message: str) -> Answer:
+    """A line of a batch failed as a whole: the client raises a 400 with the message."""
+    return Answer(400, {"error": {"message": message, "type": "batch_failed"},
+                        "type": "error"})
 
 
 def _error_answer(r: LineResult) -> Answer:

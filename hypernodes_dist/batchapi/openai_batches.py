@@ -40,7 +40,8 @@ from hypernodes_dist.batchapi.transport import (
 
 __all__ = ["OpenAIBatches", "OPENAI_LIMITS", "OPENAI_ENDPOINTS"]
 
-OPENAI_LIMITS = FileLimits(max_lines=50_000, max_bytes=200 * 2**20, one_model=True,
+# 200 MB read as 10^6 bytes: within the limit under either reading of "MB"
+OPENAI_LIMITS = FileLimits(max_lines=50_000, max_bytes=200 * 10**6, one_model=True,
                            max_inputs=50_000)
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses")
 _STATES = {"validating": RUNNING, "in_progress": RUNNING, "finalizing": RUNNING,

@@ -5,7 +5,11 @@ what the driver did at the provider, and what the provider answered.
   each process, read incrementally by the driver); identical requests are one.
 - ``Ledger``: ``ledger.jsonl``, one fsync'd JSON event per line, written before and after
   every provider call (``file``, ``uploaded``, ``creating``, ``created``, ``online``,
-  ``failed``, ``done``, ``lost``; each names its file by ``fid``); ``Ledger.files()`` replays it into the state of each file.
+  ``failed``, ``done``, ``lost``; each names its file by ``fid``), and by the user's
+  commands (``cancel``: the user cancelled the file's batch; ``forget``: resubmit a lost
+  batch's requests); ``Ledger.files()`` replays it into the state of each file. Each event
+  is one ``write`` on an ``O_APPEND`` descriptor, so another process (``control.py``) may
+  append while a driver runs.
 - ``AnswerStore``: ``answers/<batch>.jsonl`` written whole (temp file + rename) once a batch
   is downloaded: ``{"d": digest, "s": status, "b": body}``; read by every process, new
   files picked up when the folder changes.
@@ -27,7 +31,7 @@ from typing import Any
 from hypernodes_dist.batchapi.identity import request_digest
 from hypernodes_dist.batchapi.recording import REFUSED, Answer
 
-__all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore"]
+__all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore", "apply_event"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class FileState:
     state: str = "new"                 # new | submitted | done | failed | lost
     counted: bool = True               # a failure counts against the lines' retries
     online: bool = False               # cancelled for online_after: unanswered lines go online
+    provider: str = ""                 # the transport's provider ("openai", "anthropic")
+    why: str = ""                      # the provider's message when the batch failed whole
+    cancelled: bool = False            # the user cancelled it: unanswered lines not counted
 
 
 class Ledger:
@@ -114,48 +121,81 @@ class Ledger:
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
         self.path = self.folder / "ledger.jsonl"
+        self.end = 0  # the byte after the last event read
 
     def write(self, event: str, **fields: Any) -> None:
-        """Append one event, on disk before the call it announces is made."""
+        """Append one event, on disk before the call it announces is made (one ``write``
+        on an ``O_APPEND`` descriptor: appends of other processes never interleave)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"ev": event, "t": time.time(), **fields}, separators=(",", ":"))
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        data = (json.dumps({"ev": event, "t": time.time(), **fields},
+                           separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
-    def events(self) -> Iterator[dict[str, Any]]:
+    def events(self, start: int = 0) -> Iterator[dict[str, Any]]:
+        """The events from byte ``start`` on; ``self.end`` is where the last one ended."""
+        self.end = start
         if not self.path.exists():
             return
         with open(self.path, "rb") as f:
+            f.seek(start)
             for raw in f:
-                if raw.endswith(b"\n"):  # a torn last line: the call it announced never ran
-                    yield json.loads(raw)
+                if not raw.endswith(b"\n"):  # a torn last line: its call never ran
+                    return
+                self.end += len(raw)
+                yield json.loads(raw)
+
+    def commands(self) -> list[dict[str, Any]]:
+        """The user's ``cancel`` and ``forget`` events appended since the last read (of
+        ``files()`` or of this); the other events are skipped unparsed."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.end)
+            data = f.read()
+        data = data[:data.rfind(b"\n") + 1]
+        self.end += len(data)
+        return [json.loads(raw) for raw in data.splitlines()
+                if raw.startswith((b'{"ev":"cancel"', b'{"ev":"forget"'))]
 
     def files(self) -> dict[str, FileState]:
         """Every file's state, replayed from the events (by file id)."""
         files: dict[str, FileState] = {}
         for ev in self.events():
-            kind, fid = ev["ev"], ev.get("fid", "")
-            if kind == "file":
-                files[fid] = FileState(fid, ev["tag"], list(ev["digests"]))
-                continue
-            state = files.get(fid)
-            if state is None:
-                continue
-            if kind == "uploaded":
-                state.file_id = ev["file_id"]
-            elif kind == "creating":
-                state.creating_at = ev["t"]
-            elif kind == "created":
-                state.batch_id, state.state = ev["batch"], "submitted"
-            elif kind == "online":
-                state.online = True
-            elif kind == "lost":
-                state.state = "lost"
-            elif kind in ("done", "failed"):
-                state.state, state.counted = kind, bool(ev.get("counted", True))
+            if ev["ev"] == "file":
+                files[ev["fid"]] = FileState(ev["fid"], ev["tag"], list(ev["digests"]))
+            elif ev.get("fid") in files:
+                apply_event(files[ev["fid"]], ev)
         return files
+
+
+def apply_event(state: FileState, ev: Mapping[str, Any]) -> None:
+    """One ledger event (other than ``file``) applied to its file's state."""
+    kind = ev["ev"]
+    if kind == "uploaded":
+        state.file_id = ev["file_id"]
+    elif kind == "creating":
+        state.creating_at = ev["t"]
+    elif kind == "created":
+        state.batch_id, state.state = ev["batch"], "submitted"
+        state.provider = ev.get("provider", state.provider)
+    elif kind == "online":
+        state.online = True
+    elif kind == "cancel":
+        state.cancelled = True
+    elif kind == "lost":
+        state.state = "lost"
+    elif kind == "forget" and state.state == "lost":
+        state.state, state.counted = "failed", False
+    elif kind in ("done", "failed"):
+        state.state, state.counted = kind, bool(ev.get("counted", True))
+        state.why = ev.get("why", "") or state.why
 
 
 class AnswerStore:

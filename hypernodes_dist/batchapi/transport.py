@@ -165,7 +165,8 @@ class BatchNotFoundError(LookupError):
     def __init__(self, batch_id: str, provider: str) -> None:
         super().__init__(f"{provider} does not know batch {batch_id!r} (404): it was deleted "
                          "or belongs to another API key; its requests are resubmitted only "
-                         "if you say so")
+                         "if you say so: `hypernodes-dist batches resubmit-lost <into>` (or "
+                         "hypernodes_dist.resubmit_lost_batches(into)), then run the map again")
         self.batch_id = batch_id
 
 

@@ -5,9 +5,12 @@ answers, run the waiting rows again, until none waits.
 the rows not finished yet (the resume machinery: a rerun computes only unfinished rows) and
 returns how many wait for a batch. Between two runs the loop submits the requests the
 workers recorded (``RequestLog``, one ``BatchDriver`` per resource's transport, one answer
-store for the map) and polls with back-off until a batch has ended. ``wait=False`` returns
-once every request is submitted, with the number of rows still waiting; a rerun on the same
-folder adopts, collects and submits nothing twice.
+store for the map) and polls with back-off, submitting again between polls what needs it
+(lines of failed or expired batches, files held back by the provider's queue limit) without
+running the rows, until answers arrive. ``wait=False`` returns once every request is
+submitted (waiting out a queue-limit refusal), with the number of rows still waiting; a
+rerun on the same folder adopts, collects and submits nothing twice. A map whose batches
+the user cancels (``batchcontrol.cancel_batches``) returns its waiting rows at once.
 """
 
 from __future__ import annotations
@@ -96,8 +99,11 @@ class BatchLoop:
                 return 0
             run_sync(self._submit())
             if not wait:
+                self._wait_for_answers(until_submitted=True)
                 return waiting
             self._wait_for_answers()
+            if self.stopped:
+                return run_rows()
             self._check_lost()
 
     def _check_lost(self) -> None:
@@ -105,8 +111,9 @@ class BatchLoop:
         if lost and not self.running:
             exc = BatchNotFoundError(", ".join(i for ids in lost.values() for i in ids),
                                      ", ".join(f"resource {name!r}" for name in lost))
-            exc.add_note("to submit their requests again, rerun the map with "
-                         "resubmit_lost=True")
+            exc.add_note(f"to submit their requests again: hypernodes-dist batches "
+                         f"resubmit-lost {self.folder} (or resubmit_lost_batches), then run "
+                         "the map again")
             raise exc
 
     def states(self) -> dict[str, int]:
@@ -121,6 +128,11 @@ class BatchLoop:
     def running(self) -> int:
         """Batches at the provider not yet downloaded."""
         return sum(d.running for d in self.drivers.values())
+
+    @property
+    def stopped(self) -> bool:
+        """The user cancelled the map's batches while it ran."""
+        return any(d.stopped for d in self.drivers.values())
 
     async def _recover(self) -> int:
         return sum([await d.recover() for d in self.drivers.values()])
@@ -145,12 +157,29 @@ class BatchLoop:
         await self._recover()  # a batch not yet confirmed as the map's (after a crash)
         return ended
 
-    def _wait_for_answers(self) -> None:
-        """Poll until a batch has ended; with none at the provider (refused for its queue
-        limit, or every line given up), wait once and let the rows run again."""
-        delay = self.backoff.first
-        while not run_sync(self._poll()):
-            time.sleep(delay)
-            if not self.running:
+    def _wait_for_answers(self, until_submitted: bool = False) -> None:
+        """Poll (with back-off, from the start when a batch ends) and submit again what
+        needs it, until answers arrive for the rows (``until_submitted``: until no file is
+        held back by the queue limit), the user cancels, or nothing is left to wait for."""
+        delay, written = self.backoff.first, self._answer_files()
+        while not (until_submitted and not self.held):
+            if run_sync(self._poll()):
+                delay = self.backoff.first
+            if any(d.again for d in self.drivers.values()):
+                run_sync(self._submit())
+            if self.stopped or not (self.running or self.held):
                 return
+            if until_submitted and not self.held:
+                return
+            if not until_submitted and self._answer_files() != written:
+                return
+            time.sleep(delay)
             delay = min(delay * self.backoff.factor, self.backoff.most)
+
+    @property
+    def held(self) -> bool:
+        """Files held back by a provider's queue limit, to be submitted later."""
+        return any(d.held for d in self.drivers.values())
+
+    def _answer_files(self) -> int:
+        return sum(d.counts.answer_files for d in self.drivers.values())
