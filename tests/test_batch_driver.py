@@ -29,6 +29,7 @@ from hypernodes_dist.batchapi.recording import (
 )
 from hypernodes_dist.batchapi.store import AnswerStore, Ledger, RequestLog
 from hypernodes_dist.errors import BudgetExceededError
+from tests.batchrig import drive
 
 CHAT = "/v1/chat/completions"
 
@@ -76,21 +77,6 @@ def _node(client: Any, text: str) -> Any:
         return wait
 
 
-def _drive(driver: BatchDriver, log: RequestLog, rounds: int = 50) -> None:
-    """Submit and poll until nothing is live and nothing new was recorded."""
-    async def loop() -> None:
-        known: list[Any] = []
-        for _ in range(rounds):
-            known += log.new()
-            await driver.submit(known)
-            await driver.poll()
-            if not driver.running and not list(driver.to_submit(known)):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("batches did not end")
-    asyncio.run(loop())
-
-
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_openai_answers_equal_online_and_each_request_once(fake, tmp_path, kind):
     folder = tmp_path / "b"
@@ -101,7 +87,7 @@ def test_openai_answers_equal_online_and_each_request_once(fake, tmp_path, kind)
     assert all(isinstance(_node(client, t), BatchWait) for t in texts)
     assert fake.stats()["online_requests"] == 0   # nothing left the recording client
     transport = OpenAIBatches(_openai(fake, "async" if kind == "async" else "sync"), "map-1")
-    _drive(BatchDriver(transport, str(folder)), log)
+    drive(BatchDriver(transport, str(folder)), log)
     fake.reset()
     for text in ["good film", "bad film"]:
         got, batched = _node(client, text)
@@ -119,7 +105,7 @@ def test_each_distinct_request_reaches_the_provider_once(fake, tmp_path):
     texts = [f"text {i % 7}" for i in range(30)]
     for t in texts:
         _node(client, t)
-    _drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder)), log)
+    drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder)), log)
     body = lambda t: {"messages": [{"role": "user", "content": t}], "model": "gpt-4o-mini"}  # noqa: E731
     counts = fake.counts()
     assert {request_key(CHAT, body(t)) for t in texts} == set(counts)
@@ -133,7 +119,7 @@ def test_expired_cancelled_and_failed_lines_go_again_completed_never(fake, tmp_p
         _node(client, t)
     fake.configure(fail_batches=1)
     driver = BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder), attempts=4)
-    _drive(driver, log)
+    drive(driver, log)
     for t in texts:
         got, batched = _node(client, t)
         assert batched and got.choices[0].message.content
@@ -148,7 +134,7 @@ def test_expired_cancelled_and_failed_lines_go_again_completed_never(fake, tmp_p
 def test_retries_exhausted_fail_the_item_with_the_clients_error(fake, tmp_path):
     folder, log, answers, client = _recording(fake, tmp_path)
     _node(client, "[[status:500:5]] down")
-    _drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder), attempts=2), log)
+    drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder), attempts=2), log)
     with pytest.raises(openai.InternalServerError):
         _chat(client, "[[status:500:5]] down")
     assert list(fake.counts().values()) == [[2, 0]]
@@ -165,7 +151,7 @@ def test_queue_limit_refusal_is_waited_out(fake, tmp_path):
     assert driver.counts.queue_refusals == 1
     fake.configure(queue_refuse=False, queue_tokens=None)
     asyncio.run(driver.submit(requests))
-    _drive(driver, log)
+    drive(driver, log)
     assert all(_node(client, f"q {i}")[1] for i in range(3))
 
 
@@ -181,7 +167,7 @@ def test_anthropic_messages_replay_as_message(fake, tmp_path):
     for text in ["hello", "[[status:400]] bad"]:
         with pytest.raises(BatchWait):
             call(text)
-    _drive(BatchDriver(AnthropicBatches(base, "m"), str(folder)), log)
+    drive(BatchDriver(AnthropicBatches(base, "m"), str(folder)), log)
     got = call("hello")
     assert type(got) is anthropic.types.Message
     assert got == base.messages.create(model="claude-haiku", max_tokens=16,
@@ -214,7 +200,7 @@ def test_a_rerun_adopts_a_batch_created_but_not_recorded(fake, tmp_path):
     Ledger(folder).path.write_text("\n".join(lines[:-1]) + "\n")  # the crash: no "created"
     again = BatchDriver(transport, str(folder))
     assert asyncio.run(again.recover()) == 0
-    _drive(again, RequestLog(folder))
+    drive(again, RequestLog(folder))
     assert _node(client, "lost answer")[1]
     assert fake.stats()["batches"] == 1
 
@@ -227,7 +213,7 @@ def test_online_after_keeps_finished_lines_and_sends_the_rest_online(fake, tmp_p
     fake.configure(delay=3.0)
     driver = BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder),
                          online_after=0.5)
-    _drive(driver, log, rounds=200)
+    drive(driver, log, rounds=200)
     assert driver.counts.lines_online > 0
     results = [_node(client, t) for t in texts]
     online = [t for t, (_, batched) in zip(texts, results) if not batched]
@@ -249,7 +235,7 @@ def test_a_rerun_collects_and_submits_nothing_twice(fake, tmp_path):
     again = BatchDriver(transport, str(folder))                        # the rerun
     assert list(again.to_submit(requests)) == []
     assert asyncio.run(again.recover()) == 0
-    _drive(again, RequestLog(folder))
+    drive(again, RequestLog(folder))
     assert all(_node(client, f"later {i}")[1] for i in range(5))
     assert fake.stats()["batches"] == 1
     assert all(c == [1, 1] for c in fake.counts().values())
@@ -328,7 +314,7 @@ def test_a_budget_stops_submission_and_a_rerun_asks_again(fake, tmp_path):
     transport = OpenAIBatches(_openai(fake, "sync"), "m")
     driver = BatchDriver(transport, str(folder), reserve=reserve)
     asyncio.run(driver.submit(requests))
-    _drive(driver, RequestLog(folder))
+    drive(driver, RequestLog(folder))
     refused = []
     for t in texts:
         try:
@@ -340,7 +326,7 @@ def test_a_budget_stops_submission_and_a_rerun_asks_again(fake, tmp_path):
     assert len(fake.counts()) == 2    # the refused requests never reached the provider
     again = BatchDriver(transport, str(folder))   # a rerun with a larger budget
     asyncio.run(again.submit(requests))
-    _drive(again, RequestLog(folder))
+    drive(again, RequestLog(folder))
     assert all(_node(client, t)[1] for t in texts)
     assert all(c == [1, 1] for c in fake.counts().values()) and len(fake.counts()) == 5
 
@@ -359,7 +345,7 @@ def test_embeddings_and_responses_replay_as_online(fake, tmp_path):
             call(client)
     recorded = log.new()
     assert any(r.body.get("encoding_format") == "base64" for r in recorded)  # what openai sends
-    _drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder)),
+    drive(BatchDriver(OpenAIBatches(_openai(fake, "sync"), "m"), str(folder)),
            RequestLog(folder))
     assert embed(client) == embed(online)
     assert respond(client) == respond(online)
