@@ -410,6 +410,8 @@ def _admin(app: web.Application, store: Store, batches: Batches) -> None:
                 and (ids is None or rec.id in ids)]
         for rec in done:
             batches.end(rec, "completed")
+        while any(rec.status in RUNNING for rec in done):  # until their results are written
+            await asyncio.sleep(0.005)
         return web.json_response({"completed": [rec.id for rec in done]})
 
     async def stats(request: web.Request) -> web.Response:
@@ -421,6 +423,7 @@ def _admin(app: web.Application, store: Store, batches: Batches) -> None:
                                                 store.answered.get(k, 0)] for k in keys})
 
     async def reset(request: web.Request) -> web.Response:
+        await batches.settle()  # a batch ending now is counted before, not after
         store.reset()
         return web.json_response({"ok": True})
 
@@ -513,12 +516,13 @@ class BatchServer(Loopback):
         return self.call("/config", config)
 
     def reset(self) -> None:
-        """Zero the counters (files and batches stay)."""
+        """Zero the counters (files and batches stay) once the batches ending now have
+        written their results."""
         self.call("/reset", {})
 
     def complete(self, ids: list[str] | None = None) -> list[str]:
         """End the running batches (``ids``, or all) now, every line answered, as if their
-        ``delay`` had passed; the ids ended."""
+        ``delay`` had passed; returns once they have ended, with their ids."""
         return list(self.call("/complete", {"ids": ids})["completed"])
 
     def __enter__(self) -> BatchServer:

@@ -350,11 +350,19 @@ class Batches:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.writing: set[asyncio.Task[Any]] = set()  # results being written
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def settle(self) -> None:
+        """Wait for the results being written (batches ending now, as of the next turn of
+        the loop: a batch of no delay ends there)."""
+        await asyncio.sleep(0)
+        await asyncio.gather(*self.writing, return_exceptions=True)
 
     def add(self, rec: BatchRec) -> None:
         self.store.batches[rec.id] = rec
@@ -430,7 +438,9 @@ class Batches:
         if ending == "completed" and rec.provider == "openai":
             rec.status = "finalizing"
             rec.times["finalizing_at"] = time.time()
-        self.spawn(self.write(rec, done, ending))
+        task = self.spawn(self.write(rec, done, ending))
+        self.writing.add(task)
+        task.add_done_callback(self.writing.discard)
 
     async def write(self, rec: BatchRec, done: int, ending: str) -> None:
         tail = "cancelled" if ending == "cancelled" else "expired"

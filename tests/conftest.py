@@ -13,6 +13,7 @@ import pytest
 from hypernodes_bench.batch_server import DEFAULTS as BATCH_DEFAULTS
 from hypernodes_bench.batch_server import BatchServer
 from hypernodes_bench.llm_server import LLMServer
+from hypernodes_dist.batchapi.recording import answered_scope
 from hypernodes_dist.policies.machine import remove_semaphores
 from tests.reliability import figures
 
@@ -92,6 +93,14 @@ def batch_server():
     module (its batches and files stay from test to test)."""
     with BatchServer() as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _in_batch_api_stays_in_the_test():
+    """A recording client's answer read outside a node's scope (a test's own check) sets
+    ``in_batch_api()`` for the thread: False again after the test."""
+    with answered_scope():
+        yield
 
 
 @pytest.fixture
