@@ -281,7 +281,6 @@ class Graph:
         if into is not None or source is not None:
             # pyarrow (and pandas/dask/daft for their sources) load only for dataset maps
             from hypernodes_dist.run.datasetrun import read_columns, run_dataset
-
             if into is not None:
                 return run_dataset(
                     self.plan, self.engine, source=source, inputs=inputs, map_over=map_over,
@@ -289,7 +288,6 @@ class Graph:
                     overwrite=overwrite, commit_seconds=commit_seconds, **common)
             mapped, broadcast = read_columns(self.plan, source, inputs or {}, columns)
             inputs, map_over = {**broadcast, **mapped}, list(mapped)
-        # inputs/map_over None: run_map raises a TypeError naming what to pass
         return run_map(self.plan, self.engine, inputs, map_over,  # type: ignore[arg-type]  # None reaches run_map, which names what to pass
                        map_mode=map_mode, **common)
 

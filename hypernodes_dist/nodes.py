@@ -351,6 +351,15 @@ def _outputs(output_name: str | Sequence[str] | None, name: str) -> tuple[str, .
     return outs
 
 
+def _function_of(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f``, or the function of node ``f`` (re-decorating a node re-wraps its function)."""
+    if not isinstance(f, HyperNode):
+        return f
+    if f.func is None:
+        raise TypeError(f"@node cannot wrap {f.name!r}: it calls no function")
+    return f.func
+
+
 def _func_name(func: Callable[..., Any]) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
@@ -405,10 +414,7 @@ def node(
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionNode:
-        if isinstance(f, HyperNode):  # re-decorating a node re-wraps its function
-            if f.func is None:
-                raise TypeError(f"@node cannot wrap {f.name!r}: it calls no function")
-            f = f.func
+        f = _function_of(f)
         node_name = name or _func_name(f)
         return _build(
             FunctionNode, f, node_name,

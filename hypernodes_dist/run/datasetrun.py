@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hypernodes_dist.cache.base import Cache, prepare_cache
+from hypernodes_dist.cache.base import Cache
 from hypernodes_dist.datasets.commit import COMMIT_SECONDS, check_commit_seconds, kept_runs
 from hypernodes_dist.datasets.job import DatasetJob, PartReport, PartTask, collecting
 from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manifest
@@ -21,21 +21,16 @@ from hypernodes_dist.datasets.schema import Head, output_schema
 from hypernodes_dist.datasets.source import ListSource, Source, open_source
 from hypernodes_dist.datasets.stop import MapStop, on_ctrl_c
 from hypernodes_dist.errors import GraphInputError
-from hypernodes_dist.events import wants_events
 from hypernodes_dist.execution.job import BatchSettings
 from hypernodes_dist.inputs import (
     check_inputs,
-    check_on_error,
-    check_select,
     expand,
-    new_run_id,
-    new_session_id,
 )
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
-from hypernodes_dist.policies.budget import check_budget
 from hypernodes_dist.run.batchloop import BatchLoop
 from hypernodes_dist.run.batchmap import batch_nodes, map_identity, open_loop
+from hypernodes_dist.run.maprun import map_settings, prepare_map_cache
 from hypernodes_dist.run.onbudget import Ask, Asker
 from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.run.stops import Kept, is_budget
@@ -147,11 +142,8 @@ def run_dataset(
     (a finished row is in a file within about ``commit_seconds``)."""
     commit_seconds = check_commit_seconds(
         COMMIT_SECONDS if commit_seconds is None else commit_seconds)
-    run_prefix = new_run_id() + "-"
-    settings = BatchSettings(
-        session_id=session_id or new_session_id(), run_prefix=run_prefix,
-        select=check_select(plan, select), on_error=check_on_error(on_error), cache=cache,
-        want_events=wants_events(callbacks), budget=check_budget(budget, run_prefix, on_budget))
+    settings = map_settings(plan, session_id, select, on_error, cache, callbacks, budget,
+                            on_budget)
     src, mapping, broadcast = _bind(plan, source, dict(inputs or {}), map_over, map_mode,
                                     columns)
     outputs = settings.select or plan.outputs
@@ -159,12 +151,8 @@ def run_dataset(
     loop = open_loop(plan, settings, broadcast, list(mapping), into,
                      map_identity(plan, str(into)), engine.driver_shared
                      ) if batch_nodes(plan) else None
-    out = ParquetDataset(into)
-    out.create()
-    engine.check_output(out)  # every worker must see into=, before anything runs
-    if cache is not None:
-        plan.code_ids()
-        prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
+    out = _open_into(into, engine)
+    prepare_map_cache(plan, cache, engine)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
     found = check_manifest(out, manifest, overwrite)
     rows_per_part, schema, head = _typed_layout(loop, found, plan, engine, src, mapping,
@@ -173,7 +161,7 @@ def run_dataset(
     manifest.update(rows_per_part=rows_per_part, schema=schema)
     if found is None:
         out.write_manifest(encode(manifest))
-    stop = MapStop(run_prefix)
+    stop = MapStop(settings.run_prefix)
     stop.where = engine.driver_shared(stop.name)
     task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out, commit_seconds,
                     stop)
@@ -187,6 +175,14 @@ def run_dataset(
     result = collector.result()
     result.pending, result.unfinished = pending, max(0, result.unfinished - pending)
     return result
+
+
+def _open_into(into: Any, engine: Engine) -> ParquetDataset:
+    """The ``into`` directory, created; every worker must see it before anything runs."""
+    out = ParquetDataset(into)
+    out.create()
+    engine.check_output(out)
+    return out
 
 
 def _bind(plan: Plan, source: Any, inputs: dict[str, Any], map_over: Any, map_mode: str,

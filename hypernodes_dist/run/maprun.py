@@ -19,8 +19,27 @@ from hypernodes_dist.run.onbudget import Ask, Asker
 from hypernodes_dist.run.progress import Tally
 from hypernodes_dist.run.stops import Kept, is_budget
 
-__all__ = ["run_map", "MapCollector", "reject_interrupts"]
+__all__ = ["run_map", "MapCollector", "reject_interrupts", "map_settings", "prepare_map_cache"]
 
+
+
+def map_settings(plan: Plan, session_id: str | None, select: Iterable[str] | None,
+                 on_error: str, cache: Cache | None, callbacks: Sequence[Any],
+                 budget: Mapping[str, float] | None, on_budget: Ask | None) -> BatchSettings:
+    """A map's settings (plain or dataset), checked: a new run-id prefix, the session."""
+    run_prefix = new_run_id() + "-"
+    return BatchSettings(
+        session_id=session_id or new_session_id(), run_prefix=run_prefix,
+        select=check_select(plan, select), on_error=check_on_error(on_error), cache=cache,
+        want_events=wants_events(callbacks), budget=check_budget(budget, run_prefix, on_budget))
+
+
+def prepare_map_cache(plan: Plan, cache: Cache | None, engine: Engine) -> None:
+    """Before a map runs anything: node code hashed once, in the driver (workers get it with
+    the plan), and every worker must see the store (``Cache`` protocol)."""
+    if cache is not None:
+        plan.code_ids()
+        prepare_cache(cache, engine)
 
 
 def run_map(
@@ -44,16 +63,8 @@ def run_map(
     ``batch_api`` nodes: once every request is submitted, ``pending`` items waiting)."""
     reject_interrupts(plan)
     columns, broadcast, n = expand(plan, inputs, map_over, map_mode)
-    run_prefix = new_run_id() + "-"
-    settings = BatchSettings(
-        session_id=session_id or new_session_id(),
-        run_prefix=run_prefix,
-        select=check_select(plan, select),
-        on_error=check_on_error(on_error),
-        cache=cache,
-        want_events=wants_events(callbacks),
-        budget=check_budget(budget, run_prefix, on_budget),
-    )
+    settings = map_settings(plan, session_id, select, on_error, cache, callbacks, budget,
+                            on_budget)
     if n == 0:
         return MapResult([], session_id=settings.session_id)
     loop = None
@@ -61,9 +72,7 @@ def run_map(
         loop = open_loop(plan, settings, broadcast, list(columns), None,
                          map_identity(plan, columns, sorted(broadcast), settings.select),
                          engine.driver_shared)
-    if cache is not None:
-        plan.code_ids()  # hash node code once, in the driver; workers get it with the plan
-        prepare_cache(cache, engine)  # every worker must see the store (Cache protocol)
+    prepare_map_cache(plan, cache, engine)
     job = MapJob(plan, columns, broadcast, n, settings)
     collector = MapCollector(job, callbacks, progress, engine.name)
     asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget)
