@@ -77,6 +77,7 @@ class BatchLoop:
                         for name, t in transports.items()}
         self.requests: dict[str, list[Request]] = {name: [] for name in transports}
         self._reserve: Reserve | None = reserve
+        self.on_change: Callable[[str], None] | None = None  # the bar: batches, lines
 
     def reserve(self, reserve: Reserve) -> None:
         """Budgets: ``reserve(request)`` for every request about to go into a batch; one
@@ -98,6 +99,7 @@ class BatchLoop:
             if waiting == 0:
                 return 0
             run_sync(self._submit())
+            self._changed()
             if not wait:
                 self._wait_for_answers(until_submitted=True)
                 return waiting
@@ -115,6 +117,20 @@ class BatchLoop:
                          f"resubmit-lost {self.folder} (or resubmit_lost_batches), then run "
                          "the map again")
             raise exc
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.summary())
+
+    def summary(self) -> str:
+        """The batches by state and the lines answered, sent again and online: one line."""
+        states = " ".join(f"{k}:{v}" for k, v in sorted(self.states().items()))
+        counts = [d.counts for d in self.drivers.values()]
+        lines = (f"answered:{sum(c.lines_answered for c in counts)} "
+                 f"again:{sum(c.lines_again for c in counts)}")
+        online = sum(c.lines_online for c in counts)
+        return f"batches={states or 'none'} lines={lines}" + (
+            f" online:{online}" if online else "")
 
     def states(self) -> dict[str, int]:
         """The map's batch files by state (new, submitted, done, failed, lost): progress."""
@@ -165,6 +181,7 @@ class BatchLoop:
         while not (until_submitted and not self.held):
             if run_sync(self._poll()):
                 delay = self.backoff.first
+            self._changed()
             if any(d.again for d in self.drivers.values()):
                 run_sync(self._submit())
             if self.stopped or not (self.running or self.held):

@@ -40,8 +40,12 @@ def batch_nodes(plan: Plan) -> list[HyperNode]:
 
 
 def map_identity(plan: Plan, *parts: Any) -> str:
-    """A map's id: its graph and what it runs over (the same map again, the same id)."""
-    return f"{plan.graph_hash}-{hash_value(list(parts))}"
+    """A map's id: its graph and what it runs over (the same map again, the same id; values
+    with no content hash: the graph alone, its maps then share one folder)."""
+    try:
+        return f"{plan.graph_hash}-{hash_value(list(parts))}"
+    except Exception:  # noqa: BLE001 - an unhashable input: no per-input identity
+        return plan.graph_hash
 
 
 def backoff() -> Backoff:

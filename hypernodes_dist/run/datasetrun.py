@@ -241,6 +241,8 @@ def _execute(task: PartTask, head: Head | None, rows: _Rows, collector: DatasetC
             if head is not None:
                 collector.accept(_write_head(task, head))
             with on_ctrl_c(stop) as pressed, asker:
+                if loop is not None:
+                    loop.on_change = collector.batch_states
                 pending = rows() if loop is None else loop.run(rows, wait)
         finally:
             stop.close()

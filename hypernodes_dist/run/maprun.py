@@ -82,6 +82,7 @@ def run_map(
             if loop is None:
                 engine.execute_map(job, collector.accept)
             else:
+                loop.on_change = collector.batch_states
                 pending = loop.run(Rounds(job, engine, collector), wait)
         asker.raise_error()
     result = collector.result()
@@ -135,6 +136,9 @@ class MapCollector(Tally):
         self.add(batch.n - len(batch.waiting), batch.hits, len(batch.errors), batch.events,
                  batch.usage_totals(), offset, refused)
         batch.events = []
+        if offset is not None and batch.waiting:  # live counts of later rounds: not here
+            with self._lock:
+                self.exact.add(offset, offset + batch.n)
 
     def result(self) -> MapResult:
         batches = sorted(self.batches, key=lambda b: b.offset)

@@ -97,6 +97,7 @@ class Tally:
         self.live: dict[int, tuple[int, dict[str, float] | None]] = {}
         self.exact = _Spans()
         self.stopped: Stop | None = None
+        self.batch_text = ""  # the map's provider batches, for the bar (batch_api)
         self.budget_hit = False
         self._lock = threading.RLock()
         self._started = time.monotonic()
@@ -184,9 +185,18 @@ class Tally:
         for quantity, amount in self._metered().items():
             proj = f" (proj. {plain(amount * scale)})" if scale else ""
             parts.append(f"{quantity}={plain(amount)}{proj}")
+        if self.batch_text:
+            parts.append(self.batch_text)
         if self.stopped is not None:
             parts.append(self.stopped.label)
         return ", ".join(parts)
+
+    def batch_states(self, text: str) -> None:
+        """A map's provider batches changed (``text``: by state, lines; ``BatchLoop``)."""
+        with self._lock:
+            self.batch_text = text
+            if self.bar is not None:
+                self.bar.set_postfix_str(self._postfix())
 
     def _show(self, final: bool = False) -> None:
         """Under the lock: move the bar and send a ``ProgressEvent`` (throttled)."""

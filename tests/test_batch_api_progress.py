@@ -1,0 +1,18 @@
+"""What a user sees of a map's provider batches: the progress bar names them by state,
+with the lines answered."""
+
+from __future__ import annotations
+
+from hypernodes_dist import DiskCache, Graph
+from hypernodes_dist.run.batchmap import POLL_ENV
+from tests.conformance import batch_api_graphs as B
+
+
+def test_the_bar_shows_batches_by_state_and_lines(batch_fake, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(POLL_ENV, "0.05")
+    graph = Graph([B.oa_sync, B.label_sync], cache=DiskCache(tmp_path / "c"))
+    res = graph.map({"text": [f"bar {i}" for i in range(5)], "base_url": batch_fake.base_url},
+                    map_over="text", progress=True)
+    assert res.rows == 5
+    err = capsys.readouterr().err
+    assert "batches=done:1 lines=answered:5 again:0" in err
