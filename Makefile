@@ -1,6 +1,9 @@
 PYTHON ?= python3
-# Test processes (pytest-xdist); tests that must not overlap share an xdist_group.
-JOBS ?= 2
+# Test processes (pytest-xdist): the suite mostly waits (servers, subprocesses, clusters,
+# rate limits), so 4 on 2 cores. Tests sharing an expensive session fixture (one engine
+# variant of the conformance suite, the Dask session cluster) share an xdist_group: one
+# worker runs the group, in the order tests/conftest.py sorts them (--no-loadscope-reorder).
+JOBS ?= 4
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -19,7 +22,7 @@ demo: $(STAMP)
 	$(PY) examples/enrich.py --rows 2000
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --reruns 1 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --no-loadscope-reorder --reruns 1 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hypernodes_dist hypernodes_bench engines tests benchmarks examples

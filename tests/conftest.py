@@ -124,6 +124,14 @@ def llm_server():
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Long tests (marked ``slow``) first, in their order: pytest-xdist then starts them
     while the short ones fill the other workers, instead of one of them ending the run alone.
-    Tests of the session-scoped ``engine`` fixture are never marked slow, so its grouping by
-    engine is kept."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    Then the tests sharing an ``xdist_group`` (each engine variant of the conformance suite,
+    the Dask session cluster: started once per run, on the worker running the group), then
+    the rest, which fill the workers at the end. ``make test`` keeps this order for the
+    groups (``--no-loadscope-reorder``). Tests of the session-scoped ``engine`` fixture are
+    never marked slow, so its grouping by engine is kept."""
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is not None:
+            return 0
+        return 1 if item.get_closest_marker("xdist_group") is not None else 2
+
+    items.sort(key=rank)

@@ -24,8 +24,13 @@ def engine(request):
     eng.close()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The in-process limits variant and Daft on Ray run only the modules that test limits."""
+    """The in-process limits variant and Daft on Ray run only the modules that test limits.
+
+    Every test of one engine variant is in one ``xdist_group``: under ``--dist loadgroup``
+    one pytest-xdist worker runs them all, so each variant (a Dask cluster, a process pool,
+    a Daft runner) starts once per run instead of once per worker."""
     only = [(f"[{name}", MEMORY_MODULES) for name, _ in MEMORY]
     only += [(f"[{name}", RAY_MODULES) for name, _ in DAFT if name == "daft-ray"]
     off = [i for i in items for x, modules in only if x in i.nodeid
@@ -33,6 +38,11 @@ def pytest_collection_modifyitems(config, items):
     if off:
         config.hook.pytest_deselected(items=off)
         items[:] = [i for i in items if i not in set(off)]
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "engine" in callspec.indices:
+            name = _ENGINES[callspec.indices["engine"]][0]
+            item.add_marker(pytest.mark.xdist_group(f"engine-{name}"))
 
 
 @pytest.fixture

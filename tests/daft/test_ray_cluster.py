@@ -50,11 +50,16 @@ def _node(args: list[str], root: str) -> subprocess.Popen[bytes]:
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # its session: the node's Ray processes
+def _stop(procs: list[subprocess.Popen[bytes]], seconds: float = 10) -> None:
+    """SIGTERM every node at once (its session: the node's Ray processes), then SIGKILL what
+    still runs after ``seconds`` (the nodes are thrown away with their temp dirs)."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + seconds
+    for proc in running:
         try:
-            proc.wait(30)
+            proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -78,8 +83,7 @@ def two_nodes(request):
     procs = [_node(["--head", f"--port={port}", "--include-dashboard=false"], roots[0])]
 
     def stop() -> None:
-        for proc in reversed(procs):
-            _stop(proc)
+        _stop(procs[::-1])
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
+
+HERE = Path(__file__).parent
+SESSION = ("cluster", "client", "processes_engine", "distributed_engine")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of the session's cluster and process pool run on one pytest-xdist worker
+    (``--dist loadgroup``): they start once per run, not once per worker."""
+    for item in items:
+        if HERE not in item.path.parents:
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        uses = set(getattr(item, "fixturenames", ())) | {
+            f"{params.get(name)}_engine" for name in ("any_engine", "remote_engine")}
+        if uses & set(SESSION):
+            item.add_marker(pytest.mark.xdist_group("dask-session"))
 
 
 @pytest.fixture(scope="session")
