@@ -22,6 +22,7 @@ from hypernodes_dist.batchapi.recording import (
     BudgetRefusal,
     UnbatchableCall,
     answered_scope,
+    in_batch_api,
 )
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine, hash_value
@@ -30,6 +31,7 @@ from hypernodes_dist.execution.batchwait import outcome, swap_clients
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.policies.learned import watch
 from hypernodes_dist.policies.spec import Policy
+from hypernodes_dist.policies.usage import CALL, NODE, meter
 from hypernodes_dist.resources import registry
 from hypernodes_dist.resources.declare import Resource
 
@@ -217,18 +219,28 @@ def _signalled(call: Callable[..., Any], name: str, is_async: bool) -> Callable[
         async def signalled(**kwargs: Any) -> Any:
             with answered_scope():
                 try:
-                    return await call(**kwargs)
+                    value = await call(**kwargs)
                 except _SIGNALS as exc:
                     raise outcome(exc, name) from None
+                _count_answered()
+                return value
         return signalled
 
     def signalled_sync(**kwargs: Any) -> Any:
         with answered_scope():
             try:
-                return call(**kwargs)
+                value = call(**kwargs)
             except _SIGNALS as exc:
                 raise outcome(exc, name) from None
+            _count_answered()
+            return value
     return signalled_sync
+
+
+def _count_answered() -> None:
+    """A call answered by a batch counts apart in the node's usage (``batch_calls``)."""
+    if in_batch_api() and (CALL.get() is not None or NODE.get() is not None):
+        meter(batch_calls=1)
 
 
 class _Fetch:

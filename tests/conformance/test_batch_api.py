@@ -44,7 +44,7 @@ def test_answers_equal_the_online_path_and_each_request_is_sent_once(engine, bat
     assert res.column("shout") == [t.upper() for t in direct.column("label")]
     name, online_name = nodes[1].name, online[1].name
     used = res.usage[name]  # in_batch_api() is True in the node's code, after the answer
-    assert used["batched"] == used["calls"] >= len(set(TEXTS))
+    assert used["batched"] == used["calls"] == used["batch_calls"] >= len(set(TEXTS))
     assert direct.usage[online_name].get("batched", 0) == 0
 
 
