@@ -90,7 +90,7 @@ def open_loop(plan: Plan, settings: BatchSettings, broadcast: Mapping[str, Any],
                      online_after=min(online) if online else None, backoff=backoff())
     if settings.budget is not None:
         loop.reserve(BudgetReserve(settings.budget, owners, where))
-    settings.batch = BatchLink(str(folder))
+    settings.batch = BatchLink(os.path.abspath(folder))  # workers may run elsewhere
     return loop
 
 
