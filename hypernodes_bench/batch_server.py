@@ -30,7 +30,9 @@ fail validation as a whole), ``max_lines``/``max_bytes``/``max_embedding_inputs`
 per file: failed validation with ``errors.data[]``; so do ``duplicate_custom_id``,
 ``mismatched_model``, ``mismatched_endpoint``, ``invalid_json``),
 ``anthropic_max_requests``/``anthropic_max_bytes`` (400 / 413 at create),
-``price_online``/``price_batch`` (per token); the online endpoints' ``rpm``/``tpm`` over
+``price_online``/``price_batch`` (per token); ``hang`` ("upload", "create", "status",
+"results": such a request does its work and never answers until the knob changes, after
+``hang_after`` let through; ``stats()["hung"]`` counts them: kill tests kill the client there); the online endpoints' ``rpm``/``tpm`` over
 ``window_seconds`` (429 with ``retry-after`` and OpenAI's ``x-ratelimit-*`` headers past
 them, as ``llm_server``) and ``latency`` (seconds an online answer takes). Markers in a prompt choose a line's fate
 (``batch_answers``). ``stats()`` counts requests, lines by outcome, tokens and cost;
@@ -59,6 +61,7 @@ from hypernodes_bench import batch_answers as answers
 from hypernodes_bench.batch_answers import request_key
 from hypernodes_bench.batch_store import (
     DEFAULTS,
+    HANG_POINTS,
     OPENAI_ENDPOINTS,
     RUNNING,
     Batches,
@@ -121,6 +124,7 @@ class OpenAIRoutes:
         self.store.files[fid] = rec
         self.store.stats["files"] += 1
         self.store.stats["file_bytes"] += size
+        await self.store.hang("upload")
         return web.json_response(_file_view(rec))
 
     def _file(self, request: web.Request) -> FileRec | None:
@@ -136,6 +140,7 @@ class OpenAIRoutes:
         rec = self._file(request)
         if rec is None:
             return _oa_error(404, f"No such File object: {request.match_info['id']}")
+        await self.store.hang("results")
         return web.FileResponse(rec.path, headers={"Content-Type": "application/octet-stream"})
 
     async def delete_file(self, request: web.Request) -> web.Response:
@@ -166,6 +171,7 @@ class OpenAIRoutes:
                 return _oa_error(429, self.batches.queue_message(rec), "token_limit_exceeded")
         self.batches.add(rec)
         self.batches.spawn(self.batches.validate(rec, scanned))
+        await self.store.hang("create")
         return web.json_response(openai_view(rec))
 
     def _create_problem(self, body: Any) -> str | None:
@@ -194,6 +200,7 @@ class OpenAIRoutes:
         rec = self._batch(request)
         if rec is None:
             return _oa_error(404, f"No batch found with id '{request.match_info['id']}'.")
+        await self.store.hang("status")
         return web.json_response(openai_view(rec))
 
     async def cancel(self, request: web.Request) -> web.Response:
@@ -262,6 +269,7 @@ class AnthropicRoutes:
         sc = await self.batches.scan(rec)
         self.batches.add(rec)
         self.batches.run(rec, sc)
+        await self.store.hang("create")
         return web.json_response(anthropic_view(rec, self.base()))
 
     def _batch(self, request: web.Request) -> BatchRec | None:
@@ -275,6 +283,7 @@ class AnthropicRoutes:
         rec = self._batch(request)
         if rec is None:
             return self._missing(request)
+        await self.store.hang("status")
         return web.json_response(anthropic_view(rec, self.base()))
 
     async def cancel(self, request: web.Request) -> web.Response:
@@ -304,6 +313,7 @@ class AnthropicRoutes:
             return self._missing(request)
         if rec.status != "ended" or rec.results_path is None:
             return _an_error(400, f"Message batch {rec.id} has not finished processing.")
+        await self.store.hang("results")
         if not rec.results_path.exists():
             return web.Response(body=b"", content_type="application/binary")
         return web.FileResponse(rec.results_path,
@@ -434,7 +444,11 @@ def _admin(app: web.Application, store: Store, batches: Batches) -> None:
             if unknown:
                 return web.json_response({"error": f"unknown knobs {sorted(unknown)}"},
                                          status=400)
+            if "hang" in changes and changes["hang"] not in (None, *HANG_POINTS):
+                return web.json_response({"error": f"hang: one of {HANG_POINTS}"}, status=400)
             store.config.update(changes)
+            if "hang" in changes:
+                store.release()
             if changes.keys() & {"rpm", "tpm", "window_seconds"}:
                 store.window = store.new_window()
         return web.json_response(store.config)

@@ -30,7 +30,7 @@ from hypernodes_bench.batch_answers import (
 )
 from hypernodes_bench.llm_server import Window
 
-__all__ = ["DEFAULTS", "Store", "Batches", "BatchRec", "FileRec", "openai_view",
+__all__ = ["DEFAULTS", "HANG_POINTS", "Store", "Batches", "BatchRec", "FileRec", "openai_view",
            "anthropic_view", "page", "RUNNING", "OPENAI_ENDPOINTS"]
 
 DEFAULTS: dict[str, Any] = {
@@ -39,14 +39,16 @@ DEFAULTS: dict[str, Any] = {
     "max_embedding_inputs": 50_000, "anthropic_max_requests": 100_000,
     "anthropic_max_bytes": 256 * 2**20, "price_online": 1e-6, "price_batch": 5e-7,
     "rpm": None, "tpm": None, "window_seconds": 60.0, "latency": 0.0,
+    "hang": None, "hang_after": 0,
 }
+HANG_POINTS = ("upload", "create", "status", "results")
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses")
 RUNNING = ("validating", "in_progress", "finalizing", "cancelling")
 _STAT_NAMES = ("files", "file_bytes", "files_deleted", "batches", "batches_failed",
                "queue_failed", "queue_refused", "batch_lines", "lines_succeeded",
                "lines_errored", "lines_expired", "lines_cancelled", "online_requests",
                "online_ok", "online_errors", "online_rate_limited", "tokens_online",
-               "tokens_batch")
+               "tokens_batch", "hung")
 
 @dataclass
 class FileRec:
@@ -139,12 +141,32 @@ class Store:
         self.next_id = 0
         self.port = 0
         self.window = self.new_window()
+        self.released = asyncio.Event()
         self.reset()
 
     def new_window(self) -> Window:
         """The online endpoints' rate limits (``llm_server``'s sliding window)."""
         cfg = self.config
         return Window(cfg["rpm"], cfg["tpm"], float(cfg["window_seconds"]))
+
+    async def hang(self, where: str) -> None:
+        """The ``hang`` knob: a request at ``where`` (one of ``HANG_POINTS``) has done its
+        work and its answer never comes — until the knob changes — once ``hang_after``
+        such requests have been let through; ``stats()["hung"]`` counts them (a kill test
+        kills its client then)."""
+        cfg = self.config
+        if cfg["hang"] != where:
+            return
+        if cfg["hang_after"] > 0:
+            cfg["hang_after"] -= 1
+            return
+        self.stats["hung"] += 1
+        await self.released.wait()
+
+    def release(self) -> None:
+        """Let the hung requests answer (the knob changed)."""
+        self.released.set()
+        self.released = asyncio.Event()
 
     def reset(self) -> None:
         self.stats: dict[str, float] = dict.fromkeys(_STAT_NAMES, 0)
