@@ -9,7 +9,7 @@ from __future__ import annotations
 import anthropic
 import openai
 
-from hypernodes_dist import in_batch_api, meter, node, resource
+from hypernodes_dist import branch, in_batch_api, meter, node, resource
 
 
 @resource
@@ -125,3 +125,27 @@ def explain(text: str, label: str, oa_sync) -> str:
 def label_untyped(text: str, oa_sync):
     """No return annotation: a dataset map's first rows tell the output's type."""
     return ask_sync(text, oa_sync)
+
+
+# a cycle (the reactive scheduler's per-item path): each revision waits for its own batch
+@node(output_name="draft")
+def first_draft(topic: str) -> str:
+    return f"{topic} v0"
+
+
+@branch(when_true="publish", when_false="rewrite")
+def long_enough(draft: str) -> bool:
+    return draft.count("+") >= 2
+
+
+@node(output_name="final")
+def publish(draft: str) -> str:
+    return draft.upper()
+
+
+@node(output_name="draft", batch_api=True)
+def rewrite(draft: str, oa_sync) -> str:
+    return draft + "+" + ask_sync(draft, oa_sync)
+
+
+CYCLE = [oa_sync, first_draft, long_enough, publish, rewrite]

@@ -184,3 +184,16 @@ def test_an_untyped_batch_node_types_its_column_from_answered_rows(engine, batch
     table = res.to_arrow().sort_by("_hn_row")
     assert table.schema.field("label").type == pa.string()  # not pickled
     assert table.column("label").to_pylist() == _online_labels(engine, batch_fake, texts)
+
+
+def test_a_cycle_waits_for_each_revisions_batch(engine, batch_fake, tmp_path):
+    topics = [f"topic {i}" for i in range(5)] + ["bad [[status:400]]"]
+    graph = Graph(B.CYCLE, engine=engine, cache=DiskCache(tmp_path / "c"))
+    assert not graph.plan.columnar  # items run through the reactive scheduler
+    res = graph.map({"topic": topics, "base_url": batch_fake.base_url}, map_over="topic",
+                    on_error="collect")
+    assert [r.status for r in res] == ["complete"] * 5 + ["error"]
+    assert type(res[5].error).__name__ == "BadRequestError" and res[5].error.hn_item == 5
+    assert all(f.count("+") == 2 for f in res.column("final")[:5])
+    assert batch_fake.stats()["batches"] == 2  # one per revision round
+    assert all(c == [1, 1] for c in batch_fake.counts().values())
