@@ -14,14 +14,21 @@ is one ``chat.completions.create`` through the real ``openai.AsyncOpenAI`` held 
 - **two nodes sharing one resource limit**: ``@resource(rate_limit="RPM/minute")`` (the
   provider's limit as a user copies it) received by two nodes; the key starts full.
 
-Reported: seconds, ``x_ideal`` (seconds / (requests admitted / the key's rate)), requests,
-429s and their share, peak in flight, failed rows. Run:
+Reported: seconds, ``x_ideal`` (seconds / (requests admitted / the key's rate)), the
+server's active time (first to last request) and its ``x_ideal``, requests, 429s and their
+share, peak in flight, failed rows, the spacing of the arrivals (p99 and largest gap) and
+the 1-minute load average after the row. Before each engine's rows, a **hand loop** (bare
+asyncio, the same client, 64 at once, requests started at the key's rate, the two-node
+row's requests) gives the machine's floor at that moment: on a loaded machine every row,
+the hand loop too, runs slower than the ideal because the client's CPU (about 2 ms a
+request for ``openai``) is not there. Run:
 ``.venv/bin/python benchmarks/bench_api_limits.py [--rows 3000] [--engines a,b]``; writes
 ``benchmarks/results/api_limits.json``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -36,8 +43,9 @@ from hypernodes_bench.tables import engines_cli, machine
 from hypernodes_dist import Graph, node, resource
 
 RESULTS = Path(__file__).parent / "results"
-COLUMNS = ["run", "rows", "seconds", "x_ideal", "requests", "429s", "pct_429",
-           "peak_in_flight", "failed"]
+COLUMNS = ["run", "rows", "seconds", "x_ideal", "server_active_s", "server_x_ideal",
+           "requests", "429s", "pct_429", "peak_in_flight", "failed", "gap_p99_ms",
+           "gap_max_ms", "load_1m"]
 RPM = 12_000  # 200 requests a second per key
 REMAINING = 5  # a nearly spent key
 CONCURRENCY = 64
@@ -100,17 +108,64 @@ def run(label: str, name: str, texts: list[str]) -> dict[str, Any]:
             res = graph.map({"text": texts, "base_url": server.base_url, "api_key": key},
                             map_over="text", on_error="collect")
             seconds = time.perf_counter() - t0
-            seen = server.keys()[key]
+            seen = _seen(server, key)
     finally:
         engine.close()
-    ideal = max(0.0, seen["ok"] - options.get("remaining", 0)) / (RPM / 60)
     failed = sum(1 for r, t in zip(res, texts)
                  if r.status != "complete" or r["label"] != label_of(t))
-    return {"run": f"ours: {label}, {name}", "rows": len(texts), "seconds": round(seconds, 2),
+    return _row(f"ours: {label}, {name}", len(texts), seconds, seen,
+                options.get("remaining", 0), failed)
+
+
+def hand_loop(texts: list[str]) -> dict[str, Any]:
+    """The machine's floor now: the two-node row's requests (two a row) from a bare
+    asyncio loop with the same client, 64 at once, started at the key's rate."""
+    async def loop(base_url: str, key: str, n: int) -> None:
+        client, units = _client(base_url, key), asyncio.Semaphore(CONCURRENCY)
+        start, interval = time.time(), 60 / RPM
+
+        async def one(i: int) -> None:
+            await asyncio.sleep(max(0.0, start + i * interval - time.time()))
+            async with units:
+                await _ask(client, texts[i // 2] if i % 2 == 0 else "again " + texts[i // 2])
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+        await client.close()
+
+    with LLMServer(latency=(0.010, 0.030), rpm=RPM, bucket=True) as server:
+        asyncio.run(loop(server.base_url, f"warm-{uuid.uuid4().hex[:8]}", 16))
+        key = f"key-{uuid.uuid4().hex[:8]}"
+        t0 = time.perf_counter()
+        asyncio.run(loop(server.base_url, key, 2 * len(texts)))
+        seconds = time.perf_counter() - t0
+        seen = _seen(server, key)
+    return _row("hand loop: asyncio + openai, paced at the key's rate, two calls a row",
+                len(texts), seconds, seen, 0, 0)
+
+
+def _seen(server: LLMServer, key: str) -> dict[str, Any]:
+    """What the server saw of ``key``, with its requests' arrival times."""
+    return {**server.keys()[key], "arrivals": sorted(t for t, _ in server.log(key))}
+
+
+def _row(run_name: str, rows: int, seconds: float, seen: dict[str, Any], remaining: int,
+         failed: int) -> dict[str, Any]:
+    ideal = max(0.0, seen["ok"] - remaining) / (RPM / 60)
+    arrivals = seen["arrivals"]
+    active = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
+    gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:])) or [0.0]
+    return {"run": run_name, "rows": rows, "seconds": round(seconds, 2),
             "x_ideal": round(seconds / ideal, 3) if ideal else None,
+            # the server's view: first to last request, and how the arrivals were spaced
+            "server_active_s": round(active, 2),
+            "server_x_ideal": round(active / ideal, 3) if ideal else None,
             "requests": seen["requests"], "429s": seen["rate_limited"],
             "pct_429": round(100 * seen["rate_limited"] / max(1, seen["requests"]), 2),
-            "peak_in_flight": seen["max_in_flight"], "failed": failed}
+            "peak_in_flight": seen["max_in_flight"], "failed": failed,
+            "gap_p50_ms": round(1000 * gaps[len(gaps) // 2], 2),
+            "gap_p99_ms": round(1000 * gaps[int(len(gaps) * 0.99)], 2),
+            "gap_max_ms": round(1000 * gaps[-1], 1),
+            "load_1m": round(os.getloadavg()[0], 1)}
 
 
 def main(rows: int, engines: list[str]) -> dict[str, Any]:
@@ -118,6 +173,8 @@ def main(rows: int, engines: list[str]) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     out = []
     for label in engines:
+        out.append(hand_loop(texts))  # the floor at this moment's load, before each engine
+        print(out[-1], flush=True)
         for name in ROWS:
             out.append(run(label, name, texts))
             print(out[-1], flush=True)

@@ -430,8 +430,17 @@ def test_many_calls_cancelled_at_tiny_limits_are_all_woken(limits_dir):
     assert not failures, failures
     assert _STRESS["running"] == 0 and 1 <= _STRESS["peak"] <= 3
     assert _STRESS["calls"] >= 16 * 2 * 60  # the 16 maps that ran to the end, both nodes
-    sem = pol.limits.backend().semaphore(_tiny_api_key(graph), 3)
-    assert sem.value() == 3  # every unit of the resource came back
+    key = _tiny_api_key(graph)
+    sem = pol.limits.backend().semaphore(key, 3)
+    withheld = pol.limits.shared(f"withheld-3-{key}")  # by the API's back-off, if still cut
+
+    def lost() -> int:
+        return 3 - sem.value() - int((withheld.get() or {}).get("held", 0))
+
+    deadline = time.monotonic() + 60  # calls a stopped map left running end meanwhile
+    while lost() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lost() == 0, _STRESS  # every unit of the resource came back
 
 
 def _tiny_api_key(graph: Graph) -> str:

@@ -275,14 +275,18 @@ class Rate:
     bunched they arrive; one they reach paces them ``interval`` apart. A block of ``k``
     consecutive start times costs one backend reservation. ``k`` doubles while calls use a
     block up before its last start time has come (demand above the rate) and falls back to
-    1 when start times go unused (a reserved start that has passed is dropped, never used
-    late).
+    1 when start times go unused. A reserved start that has passed by more than ``stale``
+    (the tolerance, at least one interval) is dropped with the rest of its block; one passed
+    by less is used late, as the burst the limit allows: a loaded process that wakes a few
+    milliseconds late no longer throws away the rest of its block (up to ``MAX_RATE_BLOCK``
+    start times of the schedule every process shares).
     """
 
     def __init__(self, rate: RateStore, tolerance: float = 0.0) -> None:
         self.rate = rate
         self.interval: float = rate.interval
         self.tolerance = tolerance
+        self.stale = max(self.interval, tolerance)
         self.lock = threading.Lock()
         self.next = 0.0
         self.left = 0
@@ -292,7 +296,7 @@ class Rate:
         """Seconds this call must wait for its start time."""
         with self.lock:
             now = time.time()
-            if self.left and self.next < now - self.interval:
+            if self.left and self.next < now - self.stale:
                 self.left, self.block = 0, 1  # unused starts: demand is below the rate
             if not self.left:
                 if self.next > now:  # used up before its end: demand is above the rate

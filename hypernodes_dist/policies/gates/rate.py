@@ -3,9 +3,11 @@
 Each attempt (retries included: each is a request) takes the next start time of the node's
 ``limits.Rate`` (spaced ``period/N`` seconds, across every process the backend serves) and
 sleeps until then, keeping its concurrency unit and its window place. A call that wakes
-later than one spacing (at least ``LATE``) after its start time (a busy loop or machine) takes
-a new one instead (up to ``LATE_TRIES`` times): calls woken together by a stall would
-reach the provider as a burst, which a nearly spent key refuses.
+later than the limit's burst allows (its tolerance, at least one spacing and ``LATE``) after
+its start time (a busy loop or machine) takes a new one instead (up to ``LATE_TRIES``
+times): calls woken together by a stall would reach the provider as a burst, which a nearly
+spent key refuses; a wake-up late by less is within the burst and keeps its start time (a
+new one would waste a start of the schedule every process shares).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class RateGate:
         self.reason = f"rate_limit={text}"
 
     async def enter(self, entry: Entry) -> float:
-        waited, late = 0.0, max(LATE, self.rate.interval)
+        waited, late = 0.0, max(LATE, self.rate.stale)
         for _ in range(LATE_TRIES):
             wait = self.rate.reserve()
             if wait <= 0:
