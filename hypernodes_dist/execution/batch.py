@@ -90,9 +90,9 @@ async def _per_item(
 
     async def one(i: int) -> None:
         nonlocal finished
-        index = chunk.offset + i
-        ctx = RunContext(settings.session_id, settings.run_id(index), emit=emit, keys=keys,
-                         writes=writes, item_index=index, running=running,
+        index = settings.item(chunk.offset + i)  # the map's item (a later round's too)
+        ctx = RunContext(settings.session_id, f"{settings.run_prefix}{index}", emit=emit,
+                         keys=keys, writes=writes, item_index=index, running=running,
                          handlers=settings.handlers or {}, budget=settings.budget)
         state = RunState.start(chunk.item(i))
         if settings.responses:

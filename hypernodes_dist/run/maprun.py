@@ -7,7 +7,7 @@ from typing import Any
 
 from hypernodes_dist.cache.base import Cache, prepare_cache
 from hypernodes_dist.engines.base import Engine
-from hypernodes_dist.events import wants_events
+from hypernodes_dist.events import BatchEvent, wants_events
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from hypernodes_dist.missing import MISSING
@@ -122,7 +122,12 @@ class MapCollector(Tally):
         self._count(batch, batch.offset)
 
     def accept_again(self, items: Sequence[int], batch: BatchResult) -> None:
-        """A batch of a later round (``items``: the map's index of each position)."""
+        """A batch of a later round (``items``: the map's index of each position; when
+        consecutive, its events are moved to the items they belong to)."""
+        if isinstance(items, range):
+            for event in batch.events:
+                if isinstance(event, BatchEvent):
+                    event.offset = items[event.offset]
         waits = set(batch.waiting)
         for i in range(batch.n):
             if i not in waits:
