@@ -24,7 +24,7 @@ from typing import Any
 
 from hypernodes_dist.policies.limits import limiter
 
-__all__ = ["MapStop", "on_ctrl_c"]
+__all__ = ["MapStop", "on_ctrl_c", "stopping"]
 
 
 @dataclass
@@ -72,6 +72,7 @@ def on_ctrl_c(stop: MapStop) -> Iterator[list[bool]]:
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield pressed
         return
+    setter = threading.Thread(target=stop.set, name="hn-stop", daemon=True)
 
     def handler(signum: int, frame: Any) -> None:
         if pressed:
@@ -81,10 +82,23 @@ def on_ctrl_c(stop: MapStop) -> Iterator[list[bool]]:
         print("\nCtrl-C: stopping the map -- the rows in flight finish and every finished "
               "row is written (a rerun continues from there); Ctrl-C again to stop now",
               file=sys.stderr, flush=True)
-        threading.Thread(target=stop.set, name="hn-stop", daemon=True).start()
+        setter.start()
 
     signal.signal(signal.SIGINT, handler)
     try:
         yield pressed
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if pressed:  # the flag is set before the map forgets it (``MapStop.close``)
+            setter.join()
+
+
+@contextmanager
+def stopping(stop: MapStop) -> Iterator[list[bool]]:
+    """The driver's side of a map's stop while the block runs: Ctrl-C sets it
+    (``on_ctrl_c``), and the flag is forgotten at the end, whatever happened."""
+    with on_ctrl_c(stop) as pressed:
+        try:
+            yield pressed
+        finally:
+            stop.close()

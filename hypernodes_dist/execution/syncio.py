@@ -23,7 +23,7 @@ import asyncio
 import contextvars
 import threading
 from collections.abc import Awaitable, Coroutine, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from hypernodes_dist.perprocess import PROCESS
@@ -58,15 +58,13 @@ def run_sync(coro: Coroutine[Any, Any, T], needs_loop: bool = True) -> T:
     if in_process_loop():
         with ThreadPoolExecutor(1, thread_name_prefix="hypernodes-sync") as pool:
             return pool.submit(asyncio.run, coro).result()
-    handle = _submit(coro)
+    handle = _Handle(process_loop())
     try:
+        _schedule(handle, coro)
         return handle.future.result()
-    except KeyboardInterrupt:
-        handle.cancel()  # the task is cancelled on the loop and unwinds
-        try:
-            handle.future.result()
-        except BaseException:  # noqa: S110 - the interrupt is what matters
-            pass
+    except BaseException:  # Ctrl-C (or SystemExit) in this thread, wherever it landed
+        if not handle.future.done():
+            handle.unwind()
         raise
 
 
@@ -128,7 +126,13 @@ def call_on_loop(awaitable: Awaitable[T], timeout: float | None = None) -> T:
     async def wrap() -> T:
         return await awaitable
 
-    return _submit(wrap()).future.result(timeout)
+    handle = _Handle(process_loop())
+    try:
+        _schedule(handle, wrap())
+        return handle.future.result(timeout)
+    except KeyboardInterrupt:
+        handle.unwind()
+        raise
 
 
 class _ProcessLoop(asyncio.SelectorEventLoop):
@@ -168,16 +172,38 @@ class _Handle:
     def cancel(self) -> None:
         self.loop.call_soon_threadsafe(self._cancel)
 
+    def unwind(self) -> None:
+        """Cancel the task and wait until it has unwound (its ``finally`` blocks give back
+        the limits' units and flush finished work), however many Ctrl-Cs come meanwhile:
+        a task left running would hold what it holds and starve the next map."""
+        asked = False
+        while not self.future.done():
+            try:
+                if not asked:
+                    self.cancel()
+                    asked = True
+                wait([self.future])
+            except KeyboardInterrupt:  # noqa: PERF203 - another Ctrl-C: still unwinding
+                continue
+
     def _cancel(self) -> None:
         self.cancelled = True
         if self.task is not None:
             self.task.cancel()
+        elif not self.future.done():  # never started: nothing runs, nothing to unwind
+            self.future.cancel()
 
 
 def _submit(coro: Coroutine[Any, Any, Any]) -> _Handle:
     """Schedule ``coro`` on the process loop in a copy of the caller's context (context
     variables such as the parent run of nested graphs travel with it)."""
     handle = _Handle(process_loop())
+    _schedule(handle, coro)
+    return handle
+
+
+def _schedule(handle: _Handle, coro: Coroutine[Any, Any, Any]) -> None:
+    """Start ``coro`` as ``handle``'s task (unless it was cancelled first: then closed)."""
     ctx = contextvars.copy_context()
 
     def start() -> None:
@@ -189,7 +215,6 @@ def _submit(coro: Coroutine[Any, Any, Any]) -> _Handle:
         handle.task.add_done_callback(lambda t: _settle(handle.future, t))
 
     handle.loop.call_soon_threadsafe(start)
-    return handle
 
 
 def _settle(future: Future[Any], task: asyncio.Task[Any]) -> None:

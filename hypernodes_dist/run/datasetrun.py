@@ -19,7 +19,7 @@ from hypernodes_dist.datasets.manifest import check_manifest, encode, new_manife
 from hypernodes_dist.datasets.result import DatasetResult
 from hypernodes_dist.datasets.schema import Head, output_schema
 from hypernodes_dist.datasets.source import ListSource, Source, open_source
-from hypernodes_dist.datasets.stop import MapStop, on_ctrl_c
+from hypernodes_dist.datasets.stop import MapStop, stopping
 from hypernodes_dist.errors import GraphInputError
 from hypernodes_dist.execution.job import BatchSettings
 from hypernodes_dist.inputs import (
@@ -155,23 +155,24 @@ def run_dataset(
     prepare_map_cache(plan, cache, engine)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
     found = check_manifest(out, manifest, overwrite)
-    rows_per_part, schema, head = _typed_layout(loop, found, plan, engine, src, mapping,
-                                                keep_t, outputs, broadcast, settings)
-    out.clean_temporary()
-    manifest.update(rows_per_part=rows_per_part, schema=schema)
-    if found is None:
-        out.write_manifest(encode(manifest))
     stop = MapStop(settings.run_prefix)
     stop.where = engine.driver_shared(stop.name)
-    task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out, commit_seconds,
-                    stop)
-    collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
-                                 settings.session_id, settings)
-    rows = _Rows(engine, lambda: DatasetJob(task, src, rows_per_part, out.committed()),
-                 collector, stop)
-    pending = _execute(task, head, rows, collector,
-                       Asker(settings.budget, on_budget, engine.driver_shared,
-                             collector.budget, stop.stopped), loop, wait)
+    with stopping(stop) as pressed:  # Ctrl-C stops the map before any row runs (the head's)
+        rows_per_part, schema, head = _typed_layout(loop, found, plan, engine, src, mapping,
+                                                    keep_t, outputs, broadcast, settings)
+        out.clean_temporary()
+        manifest.update(rows_per_part=rows_per_part, schema=schema)
+        if found is None:
+            out.write_manifest(encode(manifest))
+        task = PartTask(plan, mapping, keep_t, broadcast, settings, schema, out,
+                        commit_seconds, stop)
+        collector = DatasetCollector(callbacks, progress, src.n, engine.name, out,
+                                     settings.session_id, settings)
+        rows = _Rows(engine, lambda: DatasetJob(task, src, rows_per_part, out.committed()),
+                     collector, stop)
+        pending = _execute(task, head, rows, collector,
+                           Asker(settings.budget, on_budget, engine.driver_shared,
+                                 collector.budget, stop.stopped), loop, wait, pressed)
     result = collector.result()
     result.pending, result.unfinished = pending, max(0, result.unfinished - pending)
     return result
@@ -228,24 +229,19 @@ class _Rows:
 
 
 def _execute(task: PartTask, head: Head | None, rows: _Rows, collector: DatasetCollector,
-             asker: Asker, loop: BatchLoop | None, wait: bool) -> int:
+             asker: Asker, loop: BatchLoop | None, wait: bool, pressed: list[bool]) -> int:
     """The head's rows written first, then the engine runs the parts (``rows``: what no
     file holds yet; with ``batch_api`` nodes, again until none waits, ``loop``); a stop
-    (the first error under ``"raise"``, a spent budget, Ctrl-C) raises here once every
-    worker has written the rows it finished. Returns the rows still waiting."""
-    stop = task.stop
-    assert stop is not None  # a dataset map's task always carries its stop flag
+    (the first error under ``"raise"``, a spent budget, Ctrl-C: ``pressed``) raises here
+    once every worker has written the rows it finished. Returns the rows still waiting."""
     pending = 0
     with collector.watch(rows.engine, task.settings):  # a stop raised in here is on the bar
-        try:
-            if head is not None:
-                collector.accept(_write_head(task, head))
-            with on_ctrl_c(stop) as pressed, asker:
-                if loop is not None:
-                    loop.on_change = collector.batch_states
-                pending = rows() if loop is None else loop.run(rows, wait)
-        finally:
-            stop.close()
+        if head is not None:
+            collector.accept(_write_head(task, head))
+        with asker:
+            if loop is not None:
+                loop.on_change = collector.batch_states
+            pending = rows() if loop is None else loop.run(rows, wait)
         if pressed:
             raise KeyboardInterrupt
         asker.raise_error()

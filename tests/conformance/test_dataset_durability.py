@@ -142,7 +142,6 @@ def _ctrl_c_known_issues(request: pytest.FixtureRequest, engine) -> None:
 def test_ctrl_c_under_raise_writes_every_paid_row_then_raises(engine, server, tmp_path, request):
     """SIGINT to the main thread once some rows are paid (as a terminal's Ctrl-C): the
     calls in flight finish, every finished row is written, then KeyboardInterrupt."""
-    _ctrl_c_known_issues(request, engine)
     server.reset()
     out, n = tmp_path / "out", 400
     running = threading.Event()

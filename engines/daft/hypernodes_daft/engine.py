@@ -63,6 +63,7 @@ from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.progress import ProgressChannel, Receive
 
 from . import limits
+from .ctrlc import keep_ctrl_c_in_python
 from .datasets import run_dataset_native
 from .frame import ROW, column_name, item_frame
 from .teardown import close_workers
@@ -153,6 +154,7 @@ class DaftEngine(Engine):
         part, which reads, computes and writes it (``on_ray.py``)."""
         self._ensure_runner()
         if self.runner == "native":
+            keep_ctrl_c_in_python()  # a Ctrl-C stops the map, not Daft's query (ctrlc.py)
             run_dataset_native(job, report, self.batch_size)
         else:
             from .on_ray import run_dataset_ray  # ray is an optional extra: loaded on use
