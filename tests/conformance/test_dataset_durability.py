@@ -13,7 +13,9 @@
   ``commit_seconds=2`` on local, Dask processes and Daft.
 - A stop under ``on_error="raise"`` (a budget, a Ctrl-C in the driver) writes every row
   that was paid (the real ``openai`` client against the loopback server): the server's
-  request counts prove no row is paid twice by the rerun.
+  request counts prove no row is paid twice by the rerun. The Ctrl-C (SIGINT to this
+  process) comes from inside the map (``ctrl_c_graphs``): once a chosen row is paid, or as
+  the map starts (before its first row); the rerun runs in the same process.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import Graph
 from hypernodes_dist.errors import BudgetExceededError
 
+from . import ctrl_c_graphs as C
 from . import dataset_graphs as D
 from . import usage_graphs as U
 from .engines import all_engines
@@ -125,43 +127,45 @@ def test_a_budget_stop_under_raise_writes_every_paid_row(engine, server, tmp_pat
     _paid_once(engine, server, out, n, paid)
 
 
-def _ctrl_c_known_issues(request: pytest.FixtureRequest, engine) -> None:
-    """Ctrl-C durability does not hold yet on every engine (issue 34 stays open):
-    - Daft's native runner cancels its running query on SIGINT itself (``tokio::signal::
-      ctrl_c`` in ``daft_local_execution``), so the rows of the step in flight are lost;
-    - on every engine, a rerun in the same process after the interrupt can wait forever
-      (seen in full-suite runs on the local, tiny and Dask-processes variants; it passes
-      alone): a SIGINT that lands before the driver's Ctrl-C handler is installed (while the
-      first rows fix the output types) or before ``run_sync`` waits leaves the interrupted
-      map's task running on the process loop, holding what it holds.
-    Skipped until both are fixed: a hung test wedges its pytest worker's process loop and
-    fails the tests after it."""
-    pytest.skip("Ctrl-C durability: a rerun after the interrupt can hang (issue 34, open)")
-
-
-def test_ctrl_c_under_raise_writes_every_paid_row_then_raises(engine, server, tmp_path, request):
-    """SIGINT to the main thread once some rows are paid (as a terminal's Ctrl-C): the
-    calls in flight finish, every finished row is written, then KeyboardInterrupt."""
-    server.reset()
-    out, n = tmp_path / "out", 400
-    running = threading.Event()
-
-    def press() -> None:
-        while running.is_set() and server.stats()["requests"] < 30:
-            time.sleep(0.01)
-        if running.is_set():
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-    running.set()
-    threading.Thread(target=press, daemon=True).start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            _paid_map(engine, server, out, n)
-    finally:
-        running.clear()
+def _interrupted_then_rerun(engine, server, out: Path, n: int, nodes: list, **inputs) -> None:
+    """The map raises ``KeyboardInterrupt`` (a Ctrl-C its nodes send to this process),
+    every paid row is written, and a rerun in this same process pays exactly the rest."""
+    source = pa.table({"text": [f"row {i}" for i in range(n)]})
+    graph = Graph(nodes, engine=engine)
+    inputs = dict(inputs, base_url=server.base_url, driver_pid=os.getpid())
+    with pytest.raises(KeyboardInterrupt):
+        graph.map(source=source, inputs=inputs, into=out)
     paid = server.stats()["requests"]
-    assert 30 <= paid < n
-    _paid_once(engine, server, out, n, paid)
+    assert paid < n, "the Ctrl-C stopped nothing"
+    written = _committed(out)
+    assert written == paid, f"{paid} rows paid, {written} written: paid rows thrown away"
+    res = graph.map(source=source, inputs=inputs, into=out)
+    assert res.rows == n and res.failed == 0
+    assert server.stats()["requests"] == n, "a row was paid twice"
+    labels = res.to_arrow().sort_by("_hn_row").column("label").to_pylist()
+    assert labels == [label_of(f"row {i}") for i in range(n)]
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_under_raise_writes_every_paid_row_then_raises(engine, server, tmp_path):
+    """Ctrl-C once row 30 is paid (SIGINT to this process, as a terminal sends): the calls
+    in flight finish, every finished row is written, then KeyboardInterrupt; the rerun in
+    the same process pays each remaining row once."""
+    server.reset()
+    _interrupted_then_rerun(engine, server, tmp_path / "out", 400, [U.llm, C.paid_then_ctrl_c],
+                            ctrl_c_at="row 30", flag=str(tmp_path / "pressed"))
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_before_the_first_row_then_a_rerun_in_the_same_process(engine, server,
+                                                                      tmp_path):
+    """Ctrl-C as the map starts (its resource being built, before the first row is paid,
+    while the driver runs the first rows to fix the output type): those rows finish and
+    are written, no part starts, KeyboardInterrupt; the next map in this process neither
+    waits for ever nor pays a row twice."""
+    server.reset()
+    _interrupted_then_rerun(engine, server, tmp_path / "out", 120,
+                            [C.llm_pressing, C.paid_untyped], flag=str(tmp_path / "pressed"))
 
 
 # ------------------------------------------------------------------ SIGKILL
