@@ -20,7 +20,7 @@ import pytest
 
 from hypernodes_bench.batch_answers import request_key, tokens
 from hypernodes_bench.batch_server import BatchServer
-from hypernodes_dist import batch_status, cancel_batches, resubmit_lost_batches
+from hypernodes_dist import Graph, batch_status, cancel_batches, resubmit_lost_batches
 from hypernodes_dist.batchapi import AnthropicBatches, BatchNotFoundError, OpenAIBatches
 from hypernodes_dist.batchapi.anthropic_batches import anthropic_limits
 from hypernodes_dist.batchapi.driver import BatchDriver
@@ -28,6 +28,7 @@ from hypernodes_dist.batchapi.recording import recording_client
 from hypernodes_dist.batchapi.store import AnswerStore, Ledger, RequestLog
 from hypernodes_dist.batchapi.transport import FileLimits
 from hypernodes_dist.run.batchloop import BatchLoop
+from hypernodes_dist.run.batchmap import KEEP_FILES_ENV, POLL_ENV
 from tests.batchrig import (
     CHAT,
     FAST,
@@ -41,6 +42,7 @@ from tests.batchrig import (
     openai_client,
     record,
 )
+from tests.conformance import batch_api_graphs as B
 
 MESSAGES = "/v1/messages"
 
@@ -354,6 +356,18 @@ def test_provider_files_are_deleted_after_download_unless_kept(fake, tmp_path, k
     else:
         with pytest.raises(anthropic.NotFoundError):
             an.messages.batches.retrieve(str(anthropic_batch))
+
+
+@pytest.mark.parametrize("keep", ["", "1"], ids=["deleted", "kept"])
+def test_a_map_deletes_the_providers_files_unless_told_to_keep_them(fake, tmp_path,
+                                                                   monkeypatch, keep):
+    monkeypatch.setenv(POLL_ENV, "0.05")
+    monkeypatch.setenv(KEEP_FILES_ENV, keep)
+    res = Graph([B.oa_sync, B.label_sync]).map(
+        {"text": ["keep 1", "keep 2"], "base_url": fake.base_url}, map_over="text",
+        into=tmp_path / "out")
+    assert (res.rows, res.pending) == (2, 0)
+    assert fake.stats()["files_deleted"] == (0 if keep else 2)   # the input and the output
 
 
 def _env(fake: BatchServer) -> dict[str, str]:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,3 +36,17 @@ def test_the_enrich_demo_runs_again_and_resumes_on_a_new_port(tmp_path):
         assert re.search(r"rows=200 ok=\d+ failed=\d+", run.stdout), run.stdout
     assert re.search(r"node executions=0 .*\n.*requests at the API: 0\n", runs[1].stdout), (
         runs[1].stdout)
+
+
+def test_the_batch_api_demo_submits_returns_then_collects_each_request_once(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "batch_api.py"), "--rows",
+                          "200", "--delay", "0.5", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=240, check=True).stdout
+    assert re.search(r"first map:\s+0 rows written, 200 waiting for a batch", out), out
+    assert re.search(r"second map: 200 rows in all, 0 waiting, 0 failed; 200 calls answered "
+                     r"by a batch", out), out
+    assert re.search(r"at the provider: 200 distinct requests, each received 1 time\(s\); "
+                     r"1 batch\(es\), 0 online requests", out), out
+    batch, online = map(float, re.search(r"cost: ([\d.]+) \$ by batch; the same tokens "
+                                         r"online: ([\d.]+) \$", out).groups())
+    assert batch == pytest.approx(online / 2, rel=0.01)

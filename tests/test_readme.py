@@ -7,6 +7,8 @@ An HTML comment on the line before a block says how it runs:
 - ``<!-- continues: ... -->``: runs after the block before it, in the same script;
 - ``<!-- llm-server: ... -->``: runs with ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` pointing
   at the local OpenAI-compatible server of ``hypernodes_bench.llm_server``;
+- ``<!-- batch-server: ... -->``: likewise at the fake Batch API provider of
+  ``hypernodes_bench.batch_server`` (Anthropic's variables too; polls every 0.05 s);
 - ``<!-- no-run: reason -->``: does not run (a cluster, a bucket); a reason is required.
 """
 
@@ -22,7 +24,8 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-_MARK = re.compile(r"^<!--\s*(fixture|continues|llm-server|no-run)\s*(?::\s*(.*?))?\s*-->$")
+_MARK = re.compile(
+    r"^<!--\s*(fixture|continues|llm-server|batch-server|no-run)\s*(?::\s*(.*?))?\s*-->$")
 
 
 @dataclass
@@ -81,6 +84,14 @@ def test_readme_example_runs(index, tmp_path):
 
         with LLMServer() as server:
             env.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="local-server")
+            done = _run(path, env)
+    elif block.mark == "batch-server":
+        from hypernodes_bench.batch_server import BatchServer
+
+        with BatchServer(delay=0.2) as fake:
+            env.update(OPENAI_BASE_URL=fake.base_url, OPENAI_API_KEY="local-server",
+                       ANTHROPIC_BASE_URL=fake.anthropic_base_url,
+                       ANTHROPIC_API_KEY="local-server", HYPERNODES_BATCH_POLL="0.05")
             done = _run(path, env)
     else:
         done = _run(path, env)

@@ -30,9 +30,11 @@ from hypernodes_dist.run.batchloop import Backoff, BatchLoop, batch_folder, tran
 if TYPE_CHECKING:
     from hypernodes_dist.engines.base import Engine
 
-__all__ = ["batch_nodes", "open_loop", "map_identity", "Rounds", "POLL_ENV", "BudgetReserve"]
+__all__ = ["batch_nodes", "open_loop", "map_identity", "Rounds", "POLL_ENV", "KEEP_FILES_ENV",
+           "BudgetReserve"]
 
 POLL_ENV = "HYPERNODES_BATCH_POLL"  # seconds of the first poll (tests: small)
+KEEP_FILES_ENV = "HYPERNODES_BATCH_KEEP_FILES"  # "1": leave the provider's files after download
 
 
 def batch_nodes(plan: Plan) -> list[HyperNode]:
@@ -87,7 +89,8 @@ def open_loop(plan: Plan, settings: BatchSettings, broadcast: Mapping[str, Any],
     online = [n.online_after for n in nodes if n.online_after is not None]
     loop = BatchLoop(folder, transports,
                      attempts=1 + max((n.policy.retries if n.policy else 0) for n in nodes),
-                     online_after=min(online) if online else None, backoff=backoff())
+                     online_after=min(online) if online else None, backoff=backoff(),
+                     keep_files=os.environ.get(KEEP_FILES_ENV, "") not in ("", "0"))
     if settings.budget is not None:
         loop.reserve(BudgetReserve(settings.budget, owners, where))
     settings.batch = BatchLink(os.path.abspath(folder))  # workers may run elsewhere
