@@ -65,6 +65,34 @@ def test_ctrl_c_cancels_the_task_lets_it_unwind_then_raises():
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
                     reason="signal handlers live in the main thread")
+def test_a_second_ctrl_c_while_the_task_unwinds_still_waits_for_it():
+    """What the task holds (a concurrency slot) is given back before ``KeyboardInterrupt``
+    reaches the caller, even when Ctrl-C comes again during the unwind: a task left
+    running would starve the next call."""
+    slot = asyncio.Semaphore(1)
+
+    async def holder() -> None:
+        async with slot:
+            try:
+                await _ctrl_c()
+                await asyncio.Event().wait()
+            finally:
+                await _ctrl_c()  # again, while unwinding
+                await asyncio.sleep(0.05)
+
+    async def take() -> str:
+        async with slot:
+            return "free"
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sync(holder())
+    assert not slot.locked(), "run_sync returned before its task let go of its slot"
+    assert run_sync(take()) == "free"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signal handlers live in the main thread")
 def test_ctrl_c_during_a_map_and_a_run_raises_in_the_main_thread():
     started: list[int] = []
 
