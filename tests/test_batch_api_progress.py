@@ -1,5 +1,5 @@
 """What a user sees of a map's provider batches: the progress bar names them by state,
-with the lines answered."""
+with the lines answered; outside a map (``run()``) a batch node calls online."""
 
 from __future__ import annotations
 
@@ -16,3 +16,10 @@ def test_the_bar_shows_batches_by_state_and_lines(batch_fake, tmp_path, capsys, 
     assert res.rows == 5
     err = capsys.readouterr().err
     assert "batches=done:1 lines=answered:5 again:0" in err
+
+
+def test_run_calls_online(batch_fake):
+    graph = Graph([B.oa_sync, B.label_sync])  # no cache, no into: run() needs neither
+    out = graph.run({"text": "one review", "base_url": batch_fake.base_url})
+    assert out["label"] and batch_fake.stats()["online_requests"] == 1
+    assert batch_fake.stats()["batches"] == 0
