@@ -53,23 +53,26 @@ def test_openai_client_built_once_per_process_across_maps(engine, flaky_server, 
     assert builds and all(n == 1 for n in builds.values())
 
 
-@pytest.mark.parametrize("nodes,name", [
-    ([R.web, R.classify_httpx], "web"),
-    ([R.session, R.classify_aiohttp], "session"),
-], ids=["httpx", "aiohttp"])
-def test_async_resources_torn_down_when_the_engine_closes(request, engine, flaky_server, logs,
-                                                          nodes, name):
+ASYNC_CLIENTS = {"web": [R.web, R.classify_httpx], "session": [R.session, R.classify_aiohttp]}
+
+
+def test_async_resources_torn_down_when_the_engine_closes(request, engine, flaky_server, logs):
+    """An ``httpx`` and an ``aiohttp`` client, each built once per process across maps and
+    torn down by ``close()`` in each process that built it (both on one new engine of this
+    kind: a new engine starts its processes, which is what costs)."""
     fresh = request.node.callspec.params["engine"]()  # a new one of this kind, closed here
     try:
-        graph = Graph(nodes, engine=fresh)
-        inputs = {"text": TEXTS, "base_url": flaky_server.base_url, "log_dir": logs}
-        assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
-        assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
+        for nodes in ASYNC_CLIENTS.values():
+            graph = Graph(nodes, engine=fresh)
+            inputs = {"text": TEXTS, "base_url": flaky_server.base_url, "log_dir": logs}
+            assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
+            assert _labels_ok(graph.map(inputs, map_over="text", on_error="collect"))
     finally:
         fresh.close()
-    builds = R.events(logs, "build", name)
-    assert builds and all(n == 1 for n in builds.values())
-    assert _wait_for(logs, name, builds) == builds  # each process that built it, once
+    for name in ASYNC_CLIENTS:
+        builds = R.events(logs, "build", name)
+        assert builds and all(n == 1 for n in builds.values()), name
+        assert _wait_for(logs, name, builds) == builds, name  # each process that built it, once
 
 
 def test_a_resource_taking_a_resource_with_a_sync_client(engine, flaky_server, logs):
