@@ -92,6 +92,19 @@ def test_openai_files_stay_within_the_line_limit_with_one_model_each(fake, tmp_p
     _received_once(fake, 9)
 
 
+def test_anthropic_batches_stay_within_the_request_limit_models_mixed(fake, tmp_path):
+    fake.configure(anthropic_max_requests=3)   # the provider refuses a larger batch (400)
+    client = anthropic_client(fake)
+    transport = AnthropicBatches(client, "requests", limits=anthropic_limits(3))
+    items = [f"row {i}" for i in range(7)]
+    loop = _loop(tmp_path, {"claude": transport})
+    rows = Rows(loop, {"claude": client}, items,
+                lambda c, t: message(c["claude"], t, model=f"claude-{int(t[-1]) % 2}"))
+    assert loop.run(rows) == 0 and not rows.errors
+    assert _batch_sizes(tmp_path) == [1, 3, 3]
+    _received_once(fake, 7)
+
+
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_files_stay_within_the_byte_limit_to_the_byte(fake, tmp_path, provider):
     """Lines of one size L: a file (OpenAI) or a create body (Anthropic: the lines in
