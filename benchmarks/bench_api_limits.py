@@ -32,6 +32,7 @@ import asyncio
 import os
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +112,12 @@ def run(label: str, name: str, texts: list[str]) -> dict[str, Any]:
             seen = _seen(server, key)
     finally:
         engine.close()
-    failed = sum(1 for r, t in zip(res, texts)
-                 if r.status != "complete" or r["label"] != label_of(t))
-    return _row(f"ours: {label}, {name}", len(texts), seconds, seen,
-                options.get("remaining", 0), failed)
+    failed = [r for r, t in zip(res, texts) if r.status != "complete" or r["label"] != label_of(t)]
+    row = _row(f"ours: {label}, {name}", len(texts), seconds, seen,
+               options.get("remaining", 0), len(failed))
+    row["errors"] = dict(Counter(f"{type(r.error).__name__}: {str(r.error)[:120]}"
+                                 for r in failed))  # what failed rows raised
+    return row
 
 
 def hand_loop(texts: list[str]) -> dict[str, Any]:
