@@ -34,7 +34,8 @@ per file: failed validation with ``errors.data[]``; so do ``duplicate_custom_id`
 "results": such a request does its work and never answers until the knob changes, after
 ``hang_after`` let through; ``stats()["hung"]`` counts them: kill tests kill the client there); the online endpoints' ``rpm``/``tpm`` over
 ``window_seconds`` (429 with ``retry-after`` and OpenAI's ``x-ratelimit-*`` headers past
-them, as ``llm_server``) and ``latency`` (seconds an online answer takes). Markers in a prompt choose a line's fate
+them, as ``llm_server``; ``headers=False``: no ``x-ratelimit-*`` headers, only 429 +
+``retry-after``) and ``latency`` (seconds an online answer takes). Markers in a prompt choose a line's fate
 (``batch_answers``). ``stats()`` counts requests, lines by outcome, tokens and cost;
 ``counts()`` gives, per ``request_key``, ``[received, answered]`` over both paths (answered:
 a 2xx or a 4xx other than 429 — what the client keeps); ``complete(ids)`` ends running
@@ -384,7 +385,7 @@ class OnlineRoutes:
         store.stats["online_requests"] += 1
         billed = answers.tokens(endpoint, body)
         wait = store.window.admit(sum(billed))
-        headers = store.window.headers()
+        headers = store.window.headers() if store.config["headers"] else {}
         if wait > 0:
             store.stats["online_rate_limited"] += 1
             headers["retry-after"] = f"{math.ceil(wait * 1000) / 1000:g}"

@@ -38,7 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "queue_refuse": False, "fail_batches": 0, "max_lines": 50_000, "max_bytes": 200 * 2**20,
     "max_embedding_inputs": 50_000, "anthropic_max_requests": 100_000,
     "anthropic_max_bytes": 256 * 2**20, "price_online": 1e-6, "price_batch": 5e-7,
-    "rpm": None, "tpm": None, "window_seconds": 60.0, "latency": 0.0,
+    "rpm": None, "tpm": None, "window_seconds": 60.0, "latency": 0.0, "headers": True,
     "hang": None, "hang_after": 0,
 }
 HANG_POINTS = ("upload", "create", "status", "results")

@@ -133,8 +133,9 @@ class BatchDriver:
         """The requests that go into the next batches (a generator)."""
         live = self._live()
         history: tuple[Counter[str], dict[str, str]] | None = None
+        self.answers.refresh()
         for req in requests:
-            if req.digest in live or self.answers.get(req.digest) is not None:
+            if req.digest in live or req.digest in self.answers:
                 continue
             history = history or self._history()
             if history[0][req.digest] >= self.attempts:
@@ -290,27 +291,31 @@ class BatchDriver:
         await self.transport.cancel(str(state.batch_id))
 
     async def _download(self, state: FileState, info: BatchInfo) -> None:
-        answered: list[tuple[str, Answer]] = []
+        """The batch's lines streamed into its answer file (no line kept in memory)."""
         seen: set[str] = set()
-        async for r in self.transport.results(info):
-            digest = _digest(r.custom_id)
-            seen.add(digest)
-            if r.retry:
-                self._last[digest] = _error_answer(r)
-            else:
-                answered.append((digest, Answer(int(r.status or 200), r.body)))
-        self.counts.lines_answered += len(answered)
-        if state.online:
-            done = {d for d, _ in answered}
-            online = [(d, ONLINE) for d in state.digests if d not in done]
-            self.counts.lines_online += len(online)
-            answered += online
-        elif len(answered) < len(state.digests):
-            self.counts.lines_again += len(state.digests) - len(answered)
-            self.again = True
-        self._put(str(state.batch_id), answered)
+        again: set[str] = set()  # lines of this batch to submit again
+        with self.answers.writer(str(state.batch_id)) as out:
+            async for r in self.transport.results(info):
+                digest = _digest(r.custom_id)
+                seen.add(digest)
+                if r.retry:
+                    self._last[digest] = _error_answer(r)
+                    again.add(digest)
+                else:
+                    out.add(digest, Answer(int(r.status or 200), r.body))
+            answered = out.n
+            if state.online:
+                for d in state.digests:
+                    if d not in seen or d in again:
+                        out.add(d, ONLINE)
+                self.counts.lines_online += out.n - answered
+            elif answered < len(state.digests):
+                self.counts.lines_again += len(state.digests) - answered
+                self.again = True
+        self.counts.lines_answered += answered
+        self.counts.answer_files += out.n > 0
         state.state, state.counted = "done", not state.cancelled  # the user's cancel: no try
-        self.ledger.write("done", fid=state.fid, answered=len(answered), seen=len(seen),
+        self.ledger.write("done", fid=state.fid, answered=out.n, seen=len(seen),
                           counted=state.counted)
         if not self.keep_files:
             await self.transport.delete_files(info)

@@ -14,15 +14,28 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["canonical_body", "digest_of", "request_digest", "map_tag", "custom_id", "file_tag"]
+__all__ = ["Canonical", "canonical_body", "digest_of", "request_digest", "map_tag", "custom_id", "file_tag"]
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                               allow_nan=False)
 
 
+class Canonical(dict):  # type: ignore[type-arg]
+    """A request body read back with its canonical bytes (``canonical``), so that they are
+    not computed again; not to be changed."""
+
+    __slots__ = ("canonical",)
+
+    def __init__(self, body: Mapping[str, Any], canonical: bytes) -> None:
+        super().__init__(body)
+        self.canonical = canonical
+
+
 def canonical_body(body: Mapping[str, Any]) -> bytes:
     """The body as canonical JSON bytes (sorted keys, no spaces, UTF-8)."""
+    if type(body) is Canonical:
+        return body.canonical
     return _CANONICAL.encode(body).encode()
 
 

@@ -23,12 +23,18 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypernodes_dist.batchapi.identity import request_digest
+from hypernodes_dist.batchapi.identity import (
+    Canonical,
+    canonical_body,
+    digest_of,
+    request_digest,
+)
 from hypernodes_dist.batchapi.recording import REFUSED, Answer
 
 __all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore", "apply_event"]
@@ -45,25 +51,38 @@ class Request:
 
 
 class RequestLog:
-    """Requests recorded by the workers of a map (``folder/requests/``)."""
+    """Requests recorded by the workers of a map (``folder/requests/``).
+
+    A line is ``{"d": digest, "e": endpoint, "s": source, "b": canonical body}``; each process
+    appends to its own file through one ``O_APPEND`` descriptor (one write a request)."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
-        self.folder = Path(folder) / "requests"
+        self.root = Path(folder)
+        self.folder = self.root / "requests"
         self._lock = threading.Lock()
-        self._path: Path | None = None
+        self._fd: int | None = None
+        self._pid = 0
         self._offsets: dict[str, int] = {}
         self._seen: set[str] = set()
+        self.sources: set[str] = set()  # the sources ``requests()`` has met
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a worker process opens its own file
+        return (RequestLog, (self.root,))
 
     def record(self, endpoint: str, body: Mapping[str, Any], source: str = "") -> None:
-        """Append a request (a worker's side; safe from threads)."""
-        data = json.dumps({"e": endpoint, "b": body, "s": source},
-                          separators=(",", ":")) + "\n"
+        """Append a request (a worker's side; safe from threads and forked processes)."""
+        canonical = canonical_body(body)
+        data = b"".join((b'{"d":"', digest_of(endpoint, canonical).encode(), b'","e":',
+                         json.dumps(endpoint).encode(), b',"s":', json.dumps(source).encode(),
+                         b',"b":', canonical, b"}\n"))
         with self._lock:
-            if self._path is None:
+            if self._fd is None or self._pid != os.getpid():
                 self.folder.mkdir(parents=True, exist_ok=True)
-                self._path = self.folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
-            with open(self._path, "a", encoding="utf-8") as f:
-                f.write(data)
+                path = self.folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self._pid = os.getpid()
+                weakref.finalize(self, _close_fd, self._fd, self._pid)
+            os.write(self._fd, data)
 
     def recorder(self, source: str) -> Callable[[str, Mapping[str, Any]], None]:
         """``record`` for one source (a resource's name)."""
@@ -76,12 +95,33 @@ class RequestLog:
             return out
         for path in sorted(self.folder.glob("*.jsonl")):
             for raw in self._read_new(path):
-                obj = json.loads(raw)
-                digest = request_digest(obj["e"], obj["b"])
-                if digest not in self._seen:
-                    self._seen.add(digest)
-                    out.append(Request(obj["e"], obj["b"], digest, obj.get("s", "")))
+                req = _request(raw)
+                if req.digest not in self._seen:
+                    self._seen.add(req.digest)
+                    out.append(req)
         return out
+
+    def requests(self, source: str | None = None) -> Iterator[Request]:
+        """Every distinct request recorded so far (of ``source``), read from the files as a
+        generator: the driver keeps no request in memory between two submits."""
+        if not self.folder.is_dir():
+            return
+        seen: set[str] = set()
+        for path in sorted(self.folder.glob("*.jsonl")):
+            with open(path, "rb") as f:
+                for raw in f:
+                    if not raw.endswith(b"\n"):
+                        break  # a line being written is read next time
+                    digest = _digest_of_line(raw)
+                    if digest is not None and digest in seen:
+                        continue
+                    req = _request(raw)
+                    if req.digest in seen:
+                        continue
+                    seen.add(req.digest)
+                    self.sources.add(req.source)
+                    if source is None or req.source == source:
+                        yield req
 
     def _read_new(self, path: Path) -> Iterator[bytes]:
         start = self._offsets.get(path.name, 0)
@@ -91,6 +131,29 @@ class RequestLog:
         end = data.rfind(b"\n") + 1  # a line being written is read next time
         self._offsets[path.name] = start + end
         return iter(data[:end].splitlines())
+
+
+def _close_fd(fd: int, pid: int) -> None:
+    if os.getpid() == pid:
+        os.close(fd)
+
+
+def _digest_of_line(raw: bytes) -> str | None:
+    """The digest a request line starts with (None: a line without one, parsed instead)."""
+    if raw.startswith(b'{"d":"') and raw[38:40] == b'",':
+        return raw[6:38].decode()
+    return None
+
+
+def _request(raw: bytes) -> Request:
+    """A request line; its body keeps the canonical bytes the line holds (``Canonical``)."""
+    obj = json.loads(raw)
+    endpoint, body, source = obj["e"], obj["b"], obj.get("s", "")
+    if "d" not in obj:  # a line without its digest
+        return Request(endpoint, body, request_digest(endpoint, body), source)
+    start = 38 + len(b'","e":,"s":,"b":') + len(json.dumps(endpoint)) + len(json.dumps(source))
+    canonical = raw[start:-2] if raw.endswith(b"}\n") else canonical_body(body)
+    return Request(endpoint, Canonical(body, canonical), obj["d"], source)
 
 
 def _record_from(log: RequestLog, source: str, endpoint: str, body: Mapping[str, Any]) -> None:
@@ -199,28 +262,35 @@ def apply_event(state: FileState, ev: Mapping[str, Any]) -> None:
 
 
 class AnswerStore:
-    """The provider's answers by request digest (``folder/answers/``)."""
+    """The provider's answers by request digest (``folder/answers/``).
+
+    Only an index is kept in memory (digest -> file, offset, length); an answer's line is
+    read when asked for (``get``), so a million answers cost an index, not their bodies."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder) / "answers"
-        self._answers: dict[str, Answer] = {}
-        self._loaded: set[str] = set()
+        self._index: dict[str, int] = {}   # digest -> _loc(file number, offset, length)
+        self._refused: set[str] = set()    # digests whose answer is a budget refusal
+        self._paths: list[Path] = []       # by file number
+        self._loaded: dict[str, int] = {}  # file name -> its number
+        self._fds = _Fds()
         self._mtime: int | None = None
         self._settled = False
         self._lock = threading.Lock()
 
+    def __reduce__(self) -> tuple[Any, ...]:  # another process builds its own index
+        return (AnswerStore, (self.folder.parent,))
+
     def put(self, name: str, answers: Iterable[tuple[str, Answer]]) -> int:
         """Write one batch's answers as ``name`` (whole, atomically); how many."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-        n = 0
-        with open(tmp, "w", encoding="utf-8") as f:
+        with self.writer(name) as w:
             for digest, answer in answers:
-                f.write(json.dumps({"d": digest, "s": answer.status, "b": answer.body},
-                                   separators=(",", ":")) + "\n")
-                n += 1
-        os.replace(tmp, self.folder / f"{name}.jsonl")
-        return n
+                w.add(digest, answer)
+        return w.n
+
+    def writer(self, name: str) -> AnswerWriter:
+        """Answers written one by one, in place as ``name`` once the ``with`` block ends."""
+        return AnswerWriter(self, name)
 
     def drop(self, prefix: str) -> None:
         """Remove the answer files named ``prefix...`` (before any worker reads them)."""
@@ -229,15 +299,27 @@ class AnswerStore:
 
     def get(self, digest: str) -> Answer | None:
         """The answer to a request, or None (new answer files are read on a miss)."""
-        got = self._answers.get(digest)
+        loc = self._index.get(digest)
         # a miss, or a budget refusal (a rerun drops them), reads new answer files first
-        if (got is None or got.status == REFUSED) and self._refresh():
-            got = self._answers.get(digest)
-        return got
+        if (loc is None or digest in self._refused) and self._refresh():
+            loc = self._index.get(digest)
+        if loc is None:
+            return None
+        obj = json.loads(self._fds.read(self._paths[loc & _FILE_MASK], loc >> 64,
+                                        (loc >> 24) & _LEN_MASK))
+        return Answer(obj["s"], obj["b"])
+
+    def __contains__(self, digest: object) -> bool:
+        """Whether a request has an answer (as of the last ``refresh``; no body read)."""
+        return digest in self._index
+
+    def refresh(self) -> None:
+        """Read the answer files written since the last look."""
+        self._refresh()
 
     def __len__(self) -> int:
         self._refresh()
-        return len(self._answers)
+        return len(self._index)
 
     def _refresh(self) -> bool:
         try:
@@ -251,16 +333,118 @@ class AnswerStore:
             # again until its mtime is a second old
             self._mtime, self._settled = mtime, time.time_ns() - mtime > 1_000_000_000
             paths = sorted(self.folder.glob("*.jsonl"))
-            if self._loaded - {p.name for p in paths}:  # files dropped (refusals): read anew
-                self._answers, self._loaded = {}, set()
+            if set(self._loaded) - {p.name for p in paths}:  # files dropped: read anew
+                self._index, self._refused, self._paths, self._loaded = {}, set(), [], {}
+                self._fds.close()
             for path in paths:
                 if path.name not in self._loaded:
                     self._load(path)
             return True
 
     def _load(self, path: Path) -> None:
-        with open(path, encoding="utf-8") as f:
+        number = self._number(path)
+        offset = 0
+        with open(path, "rb") as f:
             for raw in f:
-                obj = json.loads(raw)
-                self._answers[obj["d"]] = Answer(obj["s"], obj["b"])
-        self._loaded.add(path.name)
+                self._add(raw, number, offset)
+                offset += len(raw)
+
+    def _number(self, path: Path) -> int:
+        number = self._loaded.get(path.name)
+        if number is None:
+            number = self._loaded[path.name] = len(self._paths)
+            self._paths.append(path)
+        return number
+
+    def _add(self, raw: bytes, number: int, offset: int) -> None:
+        """Index one answer line written by ``AnswerWriter`` (``{"d":...,"s":...,"b":...}``)."""
+        if raw.startswith(b'{"d":"') and raw[38:44] == b'","s":':
+            digest, status = raw[6:38].decode(), int(raw[44:raw.index(b",", 44)])
+        else:  # not in the written layout: parse it
+            obj = json.loads(raw)
+            digest, status = obj["d"], obj["s"]
+        self._index[digest] = (offset << 64) | (len(raw) << 24) | number
+        if status == REFUSED:
+            self._refused.add(digest)
+        else:
+            self._refused.discard(digest)
+
+
+_FILE_MASK = (1 << 24) - 1
+_LEN_MASK = (1 << 40) - 1
+
+
+class AnswerWriter:
+    """One answer file being written (temp file, renamed in place at the end); the writing
+    store indexes its lines at once."""
+
+    def __init__(self, store: AnswerStore, name: str) -> None:
+        self.store, self.n, self.name = store, 0, name
+        store.folder.mkdir(parents=True, exist_ok=True)
+        self.tmp = store.folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+        self.file = open(self.tmp, "wb")
+        self.lines: list[tuple[str, int, int, int]] = []  # digest, status, offset, length
+
+    def add(self, digest: str, answer: Answer) -> None:
+        line = b"".join((b'{"d":"', digest.encode(), b'","s":', str(answer.status).encode(),
+                         b',"b":', _COMPACT.encode(answer.body).encode(), b"}\n"))
+        self.lines.append((digest, answer.status, self.file.tell(), len(line)))
+        self.file.write(line)
+        self.n += 1
+
+    def __enter__(self) -> AnswerWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.file.close()
+        if exc_type is not None:
+            self.tmp.unlink(missing_ok=True)
+            return
+        path = self.store.folder / f"{self.name}.jsonl"
+        os.replace(self.tmp, path)
+        store = self.store
+        with store._lock:
+            if path.name in store._loaded:  # written again: its old lines are gone
+                store._fds.forget(path)
+            number = store._number(path)
+            for digest, status, offset, length in self.lines:
+                store._index[digest] = (offset << 64) | (length << 24) | number
+                (store._refused.add if status == REFUSED else store._refused.discard)(digest)
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
+class _Fds:
+    """Open answer files (at most ``most``), read by offset."""
+
+    def __init__(self, most: int = 64) -> None:
+        self.most = most
+        self.fds: dict[Path, int] = {}
+        self.lock = threading.Lock()
+        weakref.finalize(self, _close_all, self.fds)
+
+    def read(self, path: Path, offset: int, length: int) -> bytes:
+        with self.lock:
+            fd = self.fds.get(path)
+            if fd is None:
+                if len(self.fds) >= self.most:
+                    os.close(self.fds.pop(next(iter(self.fds))))
+                fd = self.fds[path] = os.open(path, os.O_RDONLY)
+            return os.pread(fd, length, offset)
+
+    def forget(self, path: Path) -> None:
+        with self.lock:
+            fd = self.fds.pop(path, None)
+            if fd is not None:
+                os.close(fd)
+
+    def close(self) -> None:
+        with self.lock:
+            _close_all(self.fds)
+
+
+def _close_all(fds: dict[Path, int]) -> None:
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()

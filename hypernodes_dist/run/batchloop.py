@@ -25,7 +25,7 @@ from typing import Any
 from hypernodes_dist.batchapi import BatchNotFoundError, BatchTransport, transport_for
 from hypernodes_dist.batchapi.driver import BatchDriver, Reserve
 from hypernodes_dist.batchapi.identity import map_tag
-from hypernodes_dist.batchapi.store import AnswerStore, Request, RequestLog
+from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
 from hypernodes_dist.execution.syncio import run_sync
 
 __all__ = ["batch_folder", "transports_for", "Backoff", "BatchLoop"]
@@ -75,7 +75,6 @@ class BatchLoop:
                                           ledger_folder=str(self.folder / "ledgers" / name),
                                           resubmit_lost=resubmit_lost, reserve=reserve)
                         for name, t in transports.items()}
-        self.requests: dict[str, list[Request]] = {name: [] for name in transports}
         self._reserve: Reserve | None = reserve
         self.on_change: Callable[[str], None] | None = None  # the bar: batches, lines
 
@@ -154,17 +153,19 @@ class BatchLoop:
         return sum([await d.recover() for d in self.drivers.values()])
 
     async def _submit(self) -> int:
-        for req in self.log.new():
-            if req.source not in self.requests:
-                raise ValueError(f"a request was recorded by resource {req.source!r}, which "
-                                 f"this map does not batch ({sorted(self.requests)})")
-            self.requests[req.source].append(req)
+        """Each driver submits from the request log, read anew (a generator: no request is
+        kept in memory between two submits)."""
         starting = getattr(self._reserve, "round", None)
         if starting is not None:
             starting(sum(d.counts.lines_answered for d in self.drivers.values()),
                      sum(len(f.digests) for d in self.drivers.values()
                          for f in d.files.values() if f.state == "submitted"))
-        return sum([await d.submit(self.requests[name]) for name, d in self.drivers.items()])
+        sent = sum([await d.submit(self.log.requests(name)) for name, d in self.drivers.items()])
+        unknown = sorted(self.log.sources - set(self.drivers))
+        if unknown:
+            raise ValueError(f"a request was recorded by resource {unknown[0]!r}, which this "
+                             f"map does not batch ({sorted(self.drivers)})")
+        return sent
 
     async def _poll(self) -> int:
         ended = 0
