@@ -21,7 +21,7 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
                               allow_nan=False)
 
 
-class Canonical(dict):  # type: ignore[type-arg]
+class Canonical(dict[str, Any]):
     """A request body read back with its canonical bytes (``canonical``), so that they are
     not computed again; not to be changed."""
 
