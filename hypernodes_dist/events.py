@@ -42,6 +42,8 @@ __all__ = [
     "StreamingEndEvent",
     "PolicyEvent",
     "ProgressEvent",
+    "BatchSubmittedEvent",
+    "BatchEndedEvent",
     "NodeColumns",
     "BatchEvent",
     "expanded",
@@ -203,6 +205,44 @@ class ProgressEvent(Event):
     projected: dict[str, float] = field(default_factory=dict)
     stopped: str | None = None
     final: bool = False
+    batches: dict[str, int] = field(default_factory=dict)  # provider batches by state
+    batch_lines: dict[str, int] = field(default_factory=dict)  # done, failed, again, online
+    saved: float | None = None  # ``cost`` saved by batch-answered calls (None: not metered)
+
+
+@dataclass(kw_only=True)
+class _ProviderBatch(Event):
+    """A provider batch of a map's ``batch_api=True`` nodes (not a map ``BatchEvent``), from
+    the driver: ``run_id`` is the map's run-id prefix, ``node_id`` the (first) batch node
+    receiving ``resource``; ``file`` is the ledger's id of the file (unique per batch the
+    map made), ``batch_id`` the provider's (empty: refused at create)."""
+
+    file: str = ""
+    batch_id: str = ""
+    resource: str = ""
+    provider: str = ""
+    lines: int = 0
+    started_at: float = 0.0  # wall clock: the create was sent
+
+
+@dataclass(kw_only=True)
+class BatchSubmittedEvent(_ProviderBatch):
+    """The provider accepted a batch of ``lines`` requests (or a rerun found it running)."""
+
+
+@dataclass(kw_only=True)
+class BatchEndedEvent(_ProviderBatch):
+    """A provider batch ended: ``status`` ``"done"`` (downloaded: ``answered`` lines with an
+    answer, ``failed_lines`` of them answered with an error), ``"cancelled"`` (by the user or
+    ``online_after``; downloaded alike), ``"failed"`` (as a whole: ``reason``, the provider's
+    message; its lines go again while retries allow) or ``"lost"`` (404: the provider no
+    longer knows it)."""
+
+    status: str = "done"
+    answered: int = 0
+    failed_lines: int = 0
+    ended_at: float = 0.0
+    reason: str = ""
 
 
 @dataclass

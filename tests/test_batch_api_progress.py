@@ -15,7 +15,9 @@ def test_the_bar_shows_batches_by_state_and_lines(batch_fake, tmp_path, capsys, 
                     map_over="text", progress=True)
     assert res.rows == 5
     err = capsys.readouterr().err
-    assert "batches=done:1 lines=answered:5 again:0" in err
+    assert "batches=1 done, lines=5 done 0 failed" in err
+    # the node meters no cost: what the batch saved is said as a share of the online price
+    assert "saved=50% of the online price of 5 calls" in err
 
 
 def test_run_calls_online(batch_fake):

@@ -34,6 +34,8 @@ or a ``wait=False`` map) carries on where the last one stopped:
   ``run/batchcontrol.cancel_batches``): the file's unanswered lines are not counted as an
   attempt, and a driver running when it arrives is ``stopped`` (it submits nothing more).
 - Provider files are deleted once a batch is downloaded, unless ``keep_files``.
+- ``on_batch(state, answered, failed)``, if set, hears a batch created, downloaded, failed
+  as a whole or lost (the trace's spans and the bar, ``run/batchview.py``).
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class DriverCounts:
     lines_answered: int = 0
     lines_again: int = 0
     lines_online: int = 0
+    lines_failed: int = 0   # answered with an error (4xx)
+    lines_given_up: int = 0  # failed with no answer after the attempts (the last error's)
     answer_files: int = 0   # answer files written with at least one answer (rows may go on)
 
 
@@ -106,6 +110,8 @@ class BatchDriver:
         self.held = False     # refused for the queue limit: no new file until a batch ends
         self.again = False    # lines wait to be submitted again (a submit may take them)
         self.stopped = False  # the user cancelled the map's batches while this driver ran
+        # hears each batch created / ended: (its file, lines answered, lines failed)
+        self.on_batch: Callable[[FileState, int, int], None] | None = None
 
     # -- which requests go ------------------------------------------------------------
     def _history(self) -> tuple[Counter[str], dict[str, str]]:
@@ -162,6 +168,7 @@ class BatchDriver:
         last = self._last.get(digest)
         if last is None and why:
             last = _whole_batch_answer(why)
+        self.counts.lines_given_up += 1
         self._put(f"final-{digest}", [(digest, last or Answer(500, {"error": {
             "message": f"the batch line was not answered in {self.attempts} attempt(s)",
             "type": "batch_line_failed"}}))])
@@ -219,11 +226,18 @@ class BatchDriver:
         state.provider = self.transport.provider
         self.ledger.write("created", fid=state.fid, batch=batch_id, provider=state.provider)
         self.counts.batches_created += 1
+        self._tell(state)
+
+    def _tell(self, state: FileState, answered: int = 0, failed: int = 0) -> None:
+        if self.on_batch is not None:
+            self.on_batch(state, answered, failed)
 
     def _fail(self, state: FileState, counted: bool, why: str = "") -> None:
         state.state, state.counted = "failed", counted
         state.why = why or state.why
         self.ledger.write("failed", fid=state.fid, counted=counted, why=why)
+        if state.creating_at is not None:  # a batch (or a create) the provider refused
+            self._tell(state)
 
     def _queue_limited(self, state: FileState) -> None:
         """Refused for the provider's queue limit: its lines go again, not as an attempt,
@@ -256,6 +270,7 @@ class BatchDriver:
             except BatchNotFoundError:
                 state.state = "lost"
                 self.ledger.write("lost", fid=state.fid)
+                self._tell(state)
                 continue
             if info.state == ENDED:
                 await self._download(state, info)
@@ -294,6 +309,7 @@ class BatchDriver:
         """The batch's lines streamed into its answer file (no line kept in memory)."""
         seen: set[str] = set()
         again: set[str] = set()  # lines of this batch to submit again
+        failed = 0  # lines answered with an error (4xx)
         with self.answers.writer(str(state.batch_id)) as out:
             async for r in self.transport.results(info):
                 digest = _digest(r.custom_id)
@@ -302,7 +318,9 @@ class BatchDriver:
                     self._last[digest] = _error_answer(r)
                     again.add(digest)
                 else:
-                    out.add(digest, Answer(int(r.status or 200), r.body))
+                    status = int(r.status or 200)
+                    failed += status >= 400
+                    out.add(digest, Answer(status, r.body))
             answered = out.n
             if state.online:
                 for d in state.digests:
@@ -313,10 +331,12 @@ class BatchDriver:
                 self.counts.lines_again += len(state.digests) - answered
                 self.again = True
         self.counts.lines_answered += answered
+        self.counts.lines_failed += failed
         self.counts.answer_files += out.n > 0
         state.state, state.counted = "done", not state.cancelled  # the user's cancel: no try
         self.ledger.write("done", fid=state.fid, answered=out.n, seen=len(seen),
                           counted=state.counted)
+        self._tell(state, answered - failed, failed)
         if not self.keep_files:
             await self.transport.delete_files(info)
 

@@ -238,9 +238,12 @@ def _signalled(call: Callable[..., Any], name: str, is_async: bool) -> Callable[
 
 
 def _count_answered() -> None:
-    """A call answered by a batch counts apart in the node's usage (``batch_calls``)."""
+    """A call answered by a batch counts apart in the node's usage (``batch_calls``), and
+    the ``cost`` it metered (at the batch rate: what it saved) as ``batch_cost``."""
     if in_batch_api() and (CALL.get() is not None or NODE.get() is not None):
-        meter(batch_calls=1)
+        used = CALL.get()
+        cost = used.get("cost") if used is not None else None
+        meter(batch_calls=1, **({} if cost is None else {"batch_cost": cost}))
 
 
 class _Fetch:

@@ -15,6 +15,7 @@ the user cancels (``batchcontrol.cancel_batches``) returns its waiting rows at o
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -25,8 +26,10 @@ from typing import Any
 from hypernodes_dist.batchapi import BatchNotFoundError, BatchTransport, transport_for
 from hypernodes_dist.batchapi.driver import BatchDriver, Reserve
 from hypernodes_dist.batchapi.identity import map_tag
-from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
+from hypernodes_dist.batchapi.store import AnswerStore, FileState, RequestLog
+from hypernodes_dist.events import Event
 from hypernodes_dist.execution.syncio import run_sync
+from hypernodes_dist.run.batchview import BatchSummary, batch_event, summarize
 
 __all__ = ["batch_folder", "transports_for", "Backoff", "BatchLoop"]
 
@@ -76,7 +79,14 @@ class BatchLoop:
                                           resubmit_lost=resubmit_lost, reserve=reserve)
                         for name, t in transports.items()}
         self._reserve: Reserve | None = reserve
-        self.on_change: Callable[[str], None] | None = None  # the bar: batches, lines
+        self.on_change: Callable[[BatchSummary], None] | None = None  # the bar
+        # the map's callbacks: a BatchSubmittedEvent / BatchEndedEvent per batch
+        self.on_event: Callable[[Event], None] | None = None
+        self.ids = ("", "")  # the map's session id and run-id prefix, for the events
+        self.owners: dict[str, str] = {}  # resource -> the (first) batch node receiving it
+        self._told: set[str] = set()  # files whose running batch the events announced
+        for name, d in self.drivers.items():
+            d.on_batch = functools.partial(self._batch_changed, name)
 
     def reserve(self, reserve: Reserve) -> None:
         """Budgets: ``reserve(request)`` for every request about to go into a batch; one
@@ -93,6 +103,9 @@ class BatchLoop:
         """Run the rows until none waits (``wait``) or every request is submitted; the rows
         still waiting."""
         run_sync(self._recover())
+        for name, d in self.drivers.items():  # batches an earlier run left running
+            for f in [f for f in d.files.values() if f.state == "submitted"]:
+                self._batch_changed(name, f, 0, 0)
         while True:
             waiting = run_rows()
             if waiting == 0:
@@ -121,15 +134,17 @@ class BatchLoop:
         if self.on_change is not None:
             self.on_change(self.summary())
 
-    def summary(self) -> str:
-        """The batches by state and the lines answered, sent again and online: one line."""
-        states = " ".join(f"{k}:{v}" for k, v in sorted(self.states().items()))
-        counts = [d.counts for d in self.drivers.values()]
-        lines = (f"answered:{sum(c.lines_answered for c in counts)} "
-                 f"again:{sum(c.lines_again for c in counts)}")
-        online = sum(c.lines_online for c in counts)
-        return f"batches={states or 'none'} lines={lines}" + (
-            f" online:{online}" if online else "")
+    def _batch_changed(self, resource: str, f: FileState, answered: int, failed: int) -> None:
+        """A driver's batch was created or ended: its event to the map's callbacks."""
+        if self.on_event is None or (f.state == "submitted" and f.fid in self._told):
+            return
+        self._told.add(f.fid)
+        self.on_event(batch_event(f, resource, self.owners.get(resource, resource), self.ids,
+                                  answered, failed))
+
+    def summary(self) -> BatchSummary:
+        """The batches by state and the lines done, failed, sent again and online."""
+        return summarize(self.drivers.values())
 
     def states(self) -> dict[str, int]:
         """The map's batch files by state (new, submitted, done, failed, lost): progress."""

@@ -91,6 +91,7 @@ def open_loop(plan: Plan, settings: BatchSettings, broadcast: Mapping[str, Any],
                      attempts=1 + max((n.policy.retries if n.policy else 0) for n in nodes),
                      online_after=min(online) if online else None, backoff=backoff(),
                      keep_files=os.environ.get(KEEP_FILES_ENV, "") not in ("", "0"))
+    loop.ids, loop.owners = (settings.session_id, settings.run_prefix), owners  # its events
     if settings.budget is not None:
         loop.reserve(BudgetReserve(settings.budget, owners, where))
     settings.batch = BatchLink(os.path.abspath(folder))  # workers may run elsewhere

@@ -241,6 +241,7 @@ def _execute(task: PartTask, head: Head | None, rows: _Rows, collector: DatasetC
         with asker:
             if loop is not None:
                 loop.on_change = collector.batch_states
+                loop.on_event = collector.dispatch
             pending = rows() if loop is None else loop.run(rows, wait)
         if pressed:
             raise KeyboardInterrupt

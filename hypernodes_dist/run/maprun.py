@@ -83,6 +83,7 @@ def run_map(
                 engine.execute_map(job, collector.accept)
             else:
                 loop.on_change = collector.batch_states
+                loop.on_event = collector.dispatch
                 pending = loop.run(Rounds(job, engine, collector), wait)
         asker.raise_error()
     result = collector.result()

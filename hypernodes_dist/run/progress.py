@@ -27,6 +27,7 @@ from hypernodes_dist.run.stops import Kept, Stop, budget_stop, emit, error_stop,
 if TYPE_CHECKING:
     from hypernodes_dist.engines.base import Engine
     from hypernodes_dist.execution.job import BatchSettings
+    from hypernodes_dist.run.batchview import BatchSummary
 
 __all__ = ["Tally", "plain"]
 
@@ -34,6 +35,7 @@ log = logging.getLogger("hypernodes_dist.events")
 
 EVENT_SECONDS = 0.25  # ProgressEvents at most this often (and one at the end)
 _SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+_BATCH_USAGE = ("batch_calls", "batch_cost")  # shown in the batches' part of the bar
 
 
 def plain(x: float) -> str:
@@ -45,6 +47,15 @@ def plain(x: float) -> str:
         if abs(x) >= scale * 0.99995:
             return _sig(x / scale) + suffix
     return _sig(x)
+
+
+def _saved_text(metered: Mapping[str, float]) -> str:
+    """What calls a batch answered saved: the ``cost`` they metered (priced at the batch
+    rate, half the online one), else their count at half their online price."""
+    if "batch_cost" in metered:
+        return f"saved={plain(metered['batch_cost'])}"
+    calls = metered.get("batch_calls", 0)
+    return f"saved=50% of the online price of {calls:,.0f} calls" if calls else ""
 
 
 def _sig(x: float) -> str:
@@ -97,7 +108,8 @@ class Tally:
         self.live: dict[int, tuple[int, dict[str, float] | None]] = {}
         self.exact = _Spans()
         self.stopped: Stop | None = None
-        self.batch_text = ""  # the map's provider batches, for the bar (batch_api)
+        self.provider_batches: BatchSummary | None = None  # the map's provider batches (batch_api)
+        self._batch_shown = 0.0
         self.budget_hit = False
         self._lock = threading.RLock()
         self._started = time.monotonic()
@@ -182,21 +194,30 @@ class Tally:
         if self.initial:
             parts.append(f"resumed={self.initial:,}")
         scale = self._scale()
-        for quantity, amount in self._metered().items():
-            proj = f" (proj. {plain(amount * scale)})" if scale else ""
-            parts.append(f"{quantity}={plain(amount)}{proj}")
-        if self.batch_text:
-            parts.append(self.batch_text)
+        metered = self._metered()
+        for quantity, amount in metered.items():
+            if quantity not in _BATCH_USAGE:
+                proj = f" (proj. {plain(amount * scale)})" if scale else ""
+                parts.append(f"{quantity}={plain(amount)}{proj}")
+        if self.provider_batches is not None:
+            parts.append(self.provider_batches.text())
+        saved = _saved_text(metered)
+        if saved:
+            parts.append(saved)
         if self.stopped is not None:
             parts.append(self.stopped.label)
         return ", ".join(parts)
 
-    def batch_states(self, text: str) -> None:
-        """A map's provider batches changed (``text``: by state, lines; ``BatchLoop``)."""
+    def batch_states(self, summary: BatchSummary) -> None:
+        """A map's provider batches (by state, lines; ``BatchLoop``): on the bar at most
+        4 times a second (and when the map ends), and to ``on_progress``."""
         with self._lock:
-            self.batch_text = text
-            if self.bar is not None:
+            self.provider_batches = summary
+            now = time.monotonic()
+            if self.bar is not None and now - self._batch_shown >= EVENT_SECONDS:
+                self._batch_shown = now
                 self.bar.set_postfix_str(self._postfix())
+            self._show()
 
     def _show(self, final: bool = False) -> None:
         """Under the lock: move the bar and send a ``ProgressEvent`` (throttled)."""
@@ -226,7 +247,10 @@ class Tally:
             done=done, total=self.total, failed=self.failed, cache_hits=self.hits,
             resumed=self.initial, rate=rate, eta=eta, usage=metered,
             projected={q: v * scale for q, v in metered.items()} if scale else {},
-            stopped=self.stopped.label if self.stopped else None, final=final)
+            stopped=self.stopped.label if self.stopped else None, final=final,
+            batches=dict(self.provider_batches.states) if self.provider_batches else {},
+            batch_lines=dict(self.provider_batches.lines) if self.provider_batches else {},
+            saved=metered.get("batch_cost"))
 
     @contextmanager
     def watch(self, engine: Engine, settings: BatchSettings) -> Iterator[None]:

@@ -19,7 +19,7 @@ from hypernodes_dist.execution.invoke import join_chunks
 class TraceNode:
     """One vertex of the trace: a node execution, a run, or a map call (a snapshot)."""
     id: str
-    kind: str  # "node" | "run" | "map"
+    kind: str  # "node" | "run" | "map" | "batch" (a provider batch of batch_api nodes)
     run_id: str = ""
     node_id: str = ""  # the graph node's name ("node" vertices)
     iteration: int = 0
@@ -60,7 +60,7 @@ values = attrgetter(*(f.name for f in fields(TraceNode)))  # a record's fields, 
 class Edge(NamedTuple):
     src: str
     dst: str
-    kind: str  # "seq" | "map" | "nested"
+    kind: str  # "seq" | "map" | "nested" | "batch" (a map to its provider batches)
 
 
 class Chunks(list):
@@ -312,6 +312,31 @@ class Fold:
                               None, None, tags, 0, 0, used or None)  # values(TraceNode(...))
                 edges.append((latest.get(run_id, run_id), tid, "seq"))
                 latest[run_id] = tid
+
+    def _on_batch_submitted(self, ev: Any) -> None:  # a provider batch (batch_api nodes)
+        rec = self._provider_batch(ev)
+        rec.status = "running" if rec.status == "pending" else rec.status
+
+    def _on_batch_ended(self, ev: Any) -> None:
+        rec = self._provider_batch(ev)
+        rec.status, rec.error = ev.status, ev.reason or None
+        rec.duration_ms = max(0.0, ev.ended_at - (rec.started_at or ev.ended_at)) * 1e3
+        rec.items, rec.failed = ev.answered, ev.failed_lines
+
+    def _provider_batch(self, ev: Any) -> TraceNode:
+        """Batch ``ev.file`` of the map ``ev.run_id`` (a run-id prefix): a ``"batch"`` vertex
+        (``node_id``: its node, ``worker``: the provider, ``items``/``failed``: its lines
+        answered / failed, ``status``: running, done, cancelled, failed, lost) under its map."""
+        tid = f"batch:{ev.file}"
+        if tid in self.nodes:
+            return self.edit(tid)
+        mid = "map:" + ev.run_id.rstrip("-:_")
+        if mid not in self.nodes:
+            self.put(TraceNode(mid, "map", session_id=ev.session_id, status="running"))
+        self.edges.append((mid, tid, "batch"))
+        return self.put(TraceNode(tid, "batch", ev.run_id, ev.node_id, session_id=ev.session_id,
+                                  node_type=ev.resource, started_at=ev.started_at,
+                                  worker=ev.provider, usage={"lines": float(ev.lines)}))
 
     def _count(self, mid: str, ended: int, failed: int) -> None:
         m = self.edit(mid)  # map ``mid``: ``ended`` more of its item runs ended

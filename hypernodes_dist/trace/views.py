@@ -36,16 +36,23 @@ class NodeStats:
     total_ms: float
     waited_ms: float = 0.0  # waits of its executions (slots, rate limits, back-offs), total
     usage: dict[str, float] = field(default_factory=dict)  # what its calls metered, summed
+    batches: dict[str, int] = field(default_factory=dict)  # its provider batches by state
+    batch_lines: int = 0  # lines its provider batches answered
 
 
 def summary(trace: Trace) -> dict[str, NodeStats]:
-    """Per graph node: executions, hits, errors, retries, p50/p95/max running time, waits and
-    the usage its calls metered."""
+    """Per graph node: executions, hits, errors, retries, p50/p95/max running time, waits,
+    the usage its calls metered and its provider batches by state."""
     records, batches = trace.columns()
     acc: dict[str, list[Any]] = defaultdict(lambda: [0, 0, 0, 0, 0, [], 0.0])
     usage: dict[str, dict[str, float]] = defaultdict(dict)
+    provider: dict[str, tuple[dict[str, int], list[int]]] = defaultdict(lambda: ({}, [0]))
     for r in records:  # acc[node]: ran, cached, errors, retries, skipped, durations, waits
-        if r.kind == "node":
+        if r.kind == "batch":
+            states, lines = provider[r.node_id]
+            states[r.status] = states.get(r.status, 0) + 1
+            lines[0] += r.items
+        elif r.kind == "node":
             if r.usage:
                 add_usage(usage[r.node_id], r.usage)
             a = acc[r.node_id]
@@ -68,19 +75,21 @@ def summary(trace: Trace) -> dict[str, NodeStats]:
         durations.sort()
         p50, p95 = (float(durations[max(1, math.ceil(q * len(durations))) - 1]) if durations
                     else 0.0 for q in (0.5, 0.95))  # nearest rank
+        states, lines = provider.get(name, ({}, [0]))
         out[name] = NodeStats(name, ran + cached + errors, ran, cached, errors, retries, skipped,
                               p50, p95, max(durations, default=0.0), sum(durations), waited,
-                              usage.get(name, {}))
+                              usage.get(name, {}), dict(sorted(states.items())), lines[0])
     return out
 
 
 def format_summary(stats: dict[str, NodeStats]) -> str:
     """A plain-text table of ``summary(trace)``."""
     head = ("node", "execs", "ran", "cached", "errors", "retries", "p50 ms", "p95 ms", "max ms",
-            "waited ms", "usage")
+            "waited ms", "usage", "batches")
     rows = [head] + [(s.node, *map(str, (s.executions, s.ran, s.cached, s.errors, s.retries)),
                       *(f"{v:.3f}" for v in (s.p50_ms, s.p95_ms, s.max_ms)), f"{s.waited_ms:.1f}",
-                      " ".join(f"{q}={v:.4g}" for q, v in s.usage.items()))
+                      " ".join(f"{q}={v:.4g}" for q, v in s.usage.items()),
+                      " ".join(f"{k}={v}" for k, v in s.batches.items()))
                      for s in stats.values()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
@@ -252,6 +261,11 @@ def _columns(trace: Trace) -> list[list[Any]]:
              r.started_at, r.started_at + (r.duration_ms or 0.0) / 1000.0, r.status,
              bool(r.cached)) for r in records
             if r.kind == "node" and r.started_at is not None and r.status in ("complete", "error")]
+    rows += [(f"{r.node_id} batch", r.id, None, None, 0, f"{r.worker or 'provider'} batches",
+              r.started_at, r.started_at + r.duration_ms / 1000.0,
+              "complete" if r.status in ("done", "cancelled") else "error", False)
+             for r in records if r.kind == "batch" and r.started_at is not None
+             and r.duration_ms is not None]  # provider batches, on the provider's lane
     cols = [list(col) for col in zip(*rows)] if rows else [[] for _ in range(10)]
     for ev in batches:  # map batches read as columns
         for part in ev.columns:
@@ -325,6 +339,8 @@ class DagLayout:
 def _label(n: TraceNode) -> str:
     if n.kind == "map":
         return f"map ({n.items} items, {n.failed} failed)"
+    if n.kind == "batch":
+        return f"batch {n.status} ({n.items} lines answered, {n.failed} failed)"
     if n.kind == "run":
         return f"item {n.item_index}" if n.item_index is not None else f"run {n.run_id}"
     return n.node_id if n.iteration == 0 else f"{n.node_id} #{n.iteration}"
