@@ -18,7 +18,7 @@ import hypernodes_dist
 from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist import Graph, meter, node
 from hypernodes_dist.errors import BudgetExceededError
-from hypernodes_dist.policies import remove_semaphores
+from hypernodes_dist.policies import aimd, remove_semaphores
 from hypernodes_dist.policies.aimd import RECOVER, backoff_for, rate_limited
 from hypernodes_dist.policies.gates.concurrency import ConcurrencyGate
 from hypernodes_dist.policies.retryafter import retry_after
@@ -212,7 +212,8 @@ def test_rate_limit_errors_halve_a_nodes_concurrency_and_successes_restore_it(ow
         places.give()
 
 
-def test_a_cut_made_by_another_process_lowers_this_ones(own_limits):
+def test_a_cut_made_by_another_process_lowers_this_ones(own_limits, monkeypatch):
+    monkeypatch.setattr(aimd, "COOL", 600.0)  # "one cut per COOL" whatever the load
     backoff = backoff_for("aimd-shared", 8)
     assert backoff.allowed == 8
     code = ("from hypernodes_dist.policies.aimd import backoff_for\n"
