@@ -192,7 +192,10 @@ class ProgressEvent(Event):
     per second and ``eta`` the seconds left at that rate (``None`` until known); ``usage``
     is what this run metered so far (summed over nodes) and ``projected`` what it will have
     metered when every row is done at the same mean per row (absent once the map is done);
-    ``stopped`` says what stopped the map (a budget, an error, an interrupt), or ``None``."""
+    ``stopped`` says what stopped the map (a budget, an error, an interrupt), or ``None``.
+    A map with ``batch_api`` nodes adds its provider ``batches`` by state, its
+    ``batch_lines`` (``done``, ``failed``, ``again``, ``online``) and ``saved``: the ``cost``
+    its batch-answered calls metered (at the batch rate: what they saved), or ``None``."""
 
     done: int = 0
     total: int | None = None
