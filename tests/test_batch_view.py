@@ -12,6 +12,7 @@ from hypernodes_dist.events import BatchEndedEvent, BatchSubmittedEvent
 from hypernodes_dist.run.batchmap import POLL_ENV
 from hypernodes_dist.trace import TraceCollector, summary
 from tests.conformance import batch_api_graphs as B
+from tests.conformance import batch_view_graphs as V
 
 
 class Batches:
@@ -87,3 +88,16 @@ def test_a_dataset_map_reports_its_batches(batch_fake, tmp_path, monkeypatch):
     assert res.rows == 7
     ended, = seen.ended()
     assert (ended.status, ended.answered, ended.resource) == ("done", 7, "oa_async")
+
+
+def test_a_dataset_map_typing_its_output_from_its_first_rows_reports_their_batch(
+        batch_fake, tmp_path, monkeypatch):
+    monkeypatch.setenv(POLL_ENV, "0.05")
+    seen = Batches()
+    graph = Graph([V.oa_sync, V.untyped], callbacks=[seen])
+    res = graph.map(source=pa.table({"text": [f"head {i}" for i in range(7)]}),
+                    inputs={"base_url": batch_fake.base_url}, into=tmp_path / "out")
+    assert res.rows == 7
+    ended = seen.ended()  # the first rows' batch (waited for to fix the schema), then the rest
+    assert sum(e.answered for e in ended) == 7 == sum(e.lines for e in ended)
+    assert len(ended) == batch_fake.stats()["batches"]

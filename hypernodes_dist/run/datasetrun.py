@@ -21,6 +21,7 @@ from hypernodes_dist.datasets.schema import Head, output_schema
 from hypernodes_dist.datasets.source import ListSource, Source, open_source
 from hypernodes_dist.datasets.stop import MapStop, stopping
 from hypernodes_dist.errors import GraphInputError
+from hypernodes_dist.events import Dispatcher
 from hypernodes_dist.execution.job import BatchSettings
 from hypernodes_dist.inputs import (
     check_inputs,
@@ -151,6 +152,8 @@ def run_dataset(
     loop = open_loop(plan, settings, broadcast, list(mapping), into,
                      map_identity(plan, str(into)), engine.driver_shared
                      ) if batch_nodes(plan) else None
+    if loop is not None:  # the batches' events, the head's (run before the bar) included
+        loop.on_event = Dispatcher(callbacks)
     out = _open_into(into, engine)
     prepare_map_cache(plan, cache, engine)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
@@ -241,7 +244,6 @@ def _execute(task: PartTask, head: Head | None, rows: _Rows, collector: DatasetC
         with asker:
             if loop is not None:
                 loop.on_change = collector.batch_states
-                loop.on_event = collector.dispatch
             pending = rows() if loop is None else loop.run(rows, wait)
         if pressed:
             raise KeyboardInterrupt
