@@ -90,7 +90,7 @@ def test_a_dataset_map_reports_its_batches(batch_fake, tmp_path, monkeypatch, no
     graph = Graph(nodes, callbacks=[seen])
     res = graph.map(source=pa.table({"text": [f"row {i}" for i in range(7)]}),
                     inputs={"base_url": batch_fake.base_url}, into=tmp_path / "out")
-    assert res.rows == 7
+    assert res.rows == 7 and res.usage[nodes[1].name]["batch_calls"] == 7
     ended = seen.ended()
     assert len(ended) == batch_fake.stats()["batches"] >= 1
     assert sum(e.answered for e in ended) == 7 == sum(e.lines for e in ended)
