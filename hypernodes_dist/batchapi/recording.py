@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, NamedTuple, Protocol
 
-from hypernodes_dist.batchapi.identity import request_digest
+from hypernodes_dist.batchapi.identity import Canonical, canonical_body, digest_of
 from hypernodes_dist.errors import BudgetExceededError
 
 __all__ = ["Answer", "ONLINE", "REFUSED", "BudgetRefusal", "refusal_answer", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
@@ -55,7 +55,8 @@ ONLINE = Answer(0, None)  # the stored "answer" of a request sent online (``onli
 
 
 class AnswerLookup(Protocol):
-    """Where answers are read: ``get(digest)`` (``identity.request_digest``) or None."""
+    """Where answers are read: ``get(digest)`` (``identity.request_digest``) or None; a
+    store may also offer ``raw(digest)``: the same with the body as its JSON bytes."""
 
     def get(self, digest: str) -> Answer | None: ...
 
@@ -148,6 +149,13 @@ def batch_endpoint(request: Any) -> tuple[str, dict[str, Any]]:
     return endpoint, body
 
 
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
+def _json(body: Any) -> Any:
+    return json.loads(body) if isinstance(body, bytes) else body
+
+
 class RecordingTransport:
     """An HTTP transport (sync and async) that answers from ``answers`` and records the
     rest; ``http`` is the HTTP package the client is built on (``httpx`` or ``httpx2``)."""
@@ -172,18 +180,23 @@ class RecordingTransport:
         return self._response(request, answer)
 
     def _answer(self, request: Any) -> Answer:
-        endpoint, body = batch_endpoint(request)
-        digest = request_digest(endpoint, body)
-        answer = self.answers.get(digest)
+        endpoint, parsed = batch_endpoint(request)
+        body = Canonical(parsed, canonical_body(parsed))  # encoded once: the log reuses it
+        digest = digest_of(endpoint, body.canonical)
+        raw = getattr(self.answers, "raw", None)  # the body as JSON bytes, when it can
+        answer = raw(digest) if raw is not None else self.answers.get(digest)
         if answer is None:
             self.record(endpoint, body)
             raise BatchWait(endpoint, digest)
         if answer.status == REFUSED:
-            raise BudgetRefusal(answer.body)
+            raise BudgetRefusal(_json(answer.body))
         return ONLINE if answer.status == 0 else answer
 
     def _response(self, request: Any, answer: Answer) -> Any:
         _ANSWERED.set(True)
+        if isinstance(answer.body, bytes):
+            return self.http.Response(answer.status, content=answer.body, request=request,
+                                      headers=_JSON_HEADERS)
         return self.http.Response(answer.status, json=answer.body, request=request)
 
     def close(self) -> None:

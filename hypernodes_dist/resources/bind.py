@@ -221,9 +221,11 @@ def _signalled(call: Callable[..., Any], name: str, is_async: bool) -> Callable[
                 try:
                     value = await call(**kwargs)
                 except _SIGNALS as exc:
-                    raise outcome(exc, name) from None
-                _count_answered()
-                return value
+                    err = _detached(exc, name)
+                else:
+                    _count_answered()
+                    return value
+            raise err
         return signalled
 
     def signalled_sync(**kwargs: Any) -> Any:
@@ -231,10 +233,23 @@ def _signalled(call: Callable[..., Any], name: str, is_async: bool) -> Callable[
             try:
                 value = call(**kwargs)
             except _SIGNALS as exc:
-                raise outcome(exc, name) from None
-            _count_answered()
-            return value
+                err = _detached(exc, name)
+            else:
+                _count_answered()
+                return value
+        raise err
     return signalled_sync
+
+
+def _detached(signal: BaseException, name: str) -> BaseException:
+    """``outcome(signal, name)`` raised outside the ``except``: no ``__context__`` and the
+    signal's traceback dropped, so nothing keeps the client's call stack (its frames and
+    their locals) alive once the row waits; otherwise every recorded row leaves a cycle
+    for the collector (the collector's full passes were ~15% of a batch map's CPU)."""
+    signal.__traceback__ = None
+    err = outcome(signal, name)
+    err.__suppress_context__ = True
+    return err
 
 
 def _count_answered() -> None:
