@@ -18,7 +18,10 @@
   tokens (a request's tokens counted when admitted, estimated from its messages and
   ``max_tokens``). Past either limit: HTTP 429 with an OpenAI-style error and a
   ``retry-after`` header (seconds until enough of the window frees). Every response
-  carries OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers.
+  carries OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers
+  (``reset``: the time the used part takes to come back at ``limit/window_seconds`` a
+  second, OpenAI's meaning; the window's own oldest expiry would read as a far longer
+  period to a client learning the limits).
 - ``bucket=True``: limits as OpenAI enforces them instead: per API key (the
   ``Authorization`` header), a token bucket of ``rpm`` requests (and ``tpm`` tokens)
   refilled continuously (``rpm/60`` a second), starting with ``remaining`` of them (a
@@ -123,18 +126,17 @@ class Window:
         return 0.0
 
     def headers(self) -> dict[str, str]:
-        now = time.monotonic()
-        self._expire(now)
-        reset = f"{max(0.0, self.events[0][0] + self.seconds - now):.3f}s" if self.events else "0s"
+        """OpenAI's headers; ``reset`` as OpenAI means it (PROVIDERS.md): the time a limit
+        refilled continuously (``limit`` per ``seconds``) takes to give back what is used."""
+        self._expire(time.monotonic())
         out = {}
-        if self.rpm is not None:
-            out.update({"x-ratelimit-limit-requests": str(self.rpm),
-                        "x-ratelimit-remaining-requests": str(max(0, self.rpm - len(self.events))),
-                        "x-ratelimit-reset-requests": reset})
-        if self.tpm is not None:
-            out.update({"x-ratelimit-limit-tokens": str(self.tpm),
-                        "x-ratelimit-remaining-tokens": str(max(0, self.tpm - self.tokens)),
-                        "x-ratelimit-reset-tokens": reset})
+        for name, limit, used in (("requests", self.rpm, len(self.events)),
+                                  ("tokens", self.tpm, self.tokens)):
+            if limit is not None:
+                out.update({f"x-ratelimit-limit-{name}": str(limit),
+                            f"x-ratelimit-remaining-{name}": str(max(0, limit - used)),
+                            f"x-ratelimit-reset-{name}":
+                                f"{min(used, limit) * self.seconds / limit:.3f}s"})
         return out
 
 

@@ -11,7 +11,8 @@ most every ``PUBLISH`` seconds), so every process paces by the limits any of the
 
 A limit's period is read from the headers as the provider refills: ``limit - remaining``
 come back within ``reset`` seconds, so the period is ``limit * reset / (limit - remaining)``
-(60 s for OpenAI's and Anthropic's per-minute limits; 60 s when nothing is missing), and a
+(60 s for OpenAI's and Anthropic's per-minute limits; 60 s when nothing is missing; never
+more: ``period_of``), kept with the limit (``[limit, remaining, reset, period]``), and a
 limit of ``N`` is paced as a token bucket refilled continuously at ``N/period`` a second
 (``gates/learned.py``).
 """
@@ -30,6 +31,7 @@ __all__ = ["Learned", "learned_for", "watch", "read_headers", "period_of", "PUBL
 
 PUBLISH = 0.5  # seconds between two writes (or reads) of a resource's learned limits
 PERIOD = 60.0  # the providers' limits are per minute
+RESOLUTION = 0.02  # seconds: a shorter reset (read to the ms) says too little of the period
 
 _OPENAI = {"requests": ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                         "x-ratelimit-reset-requests"),
@@ -89,15 +91,21 @@ def read_headers(headers: Any) -> dict[str, list[float | None]]:
     return found
 
 
-def period_of(limit: float, remaining: float | None, reset: float | None) -> float:
+def period_of(limit: float, remaining: float | None, reset: float | None,
+              known: float | None = None) -> float:
     """The period of a limit (seconds), as its refill tells it (two significant digits;
-    within 10% of a minute: a minute)."""
-    if remaining is None or reset is None or reset <= 0 or limit - remaining < 1:
-        return PERIOD
+    within 10% of a minute: a minute). Never over a minute (the providers' limits are per
+    minute; a provider whose ``reset`` is a window's end, not the refill's, would read as a
+    period of up to ``limit`` windows and pace calls to a crawl). A reset too short to read
+    within 5% (under ``RESOLUTION``: ``ms`` rounding) or nothing used tells nothing: the
+    period ``known`` from an earlier response, else a minute."""
+    if (remaining is None or reset is None or reset < RESOLUTION
+            or limit - remaining < 1):
+        return known or PERIOD
     period = limit * reset / (limit - remaining)
     if abs(period - PERIOD) <= 0.1 * PERIOD:
         return PERIOD
-    return float(f"{min(max(period, 0.01), 86400.0):.2g}")
+    return float(f"{min(max(period, 0.01), PERIOD):.2g}")
 
 
 class Learned:
@@ -118,7 +126,11 @@ class Learned:
             return
         now = time.monotonic()
         with self.lock:
-            self.state = state = {**(self.state or {}), **found, "at": time.time()}
+            old = self.state or {}
+            for quantity, seen in found.items():  # + the period, kept while resets are coarse
+                known = old.get(quantity)
+                seen.append(period_of(*seen[:3], known[3] if known and len(known) > 3 else None))
+            self.state = state = {**old, **found, "at": time.time()}
             publish = now - self.published >= PUBLISH
             if publish:
                 self.published = now

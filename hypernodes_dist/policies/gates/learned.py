@@ -96,8 +96,8 @@ class LearnedGate:
 
     def _slack(self, state: dict[str, Any], gate: RateGate) -> None:
         """Fewer requests remaining than the slack: the next start waits for the rest."""
-        limit, left, reset = state["requests"][:3]
-        per_second = limit / period_of(limit, left, reset)
+        limit, left = state["requests"][:2]
+        per_second = limit / _period(state["requests"])
         slack = max(1.0, SLACK * per_second)
         if self.pushed:  # after the start: only a spent key (none remaining) waits
             slack = 1.0
@@ -110,9 +110,9 @@ class LearnedGate:
         gates: list[Any] = []
         requests, tokens = state.get("requests"), state.get("tokens")
         if requests:
-            gates.append(self._made("calls", requests[0], period_of(*requests[:3])))
+            gates.append(self._made("calls", requests[0], _period(requests)))
         if tokens:
-            gates.append(self._made("tokens", tokens[0], period_of(*tokens[:3])))
+            gates.append(self._made("tokens", tokens[0], _period(tokens)))
         return tuple(gates)
 
     def _made(self, quantity: str, limit: float, per: float) -> Any:
@@ -127,3 +127,8 @@ class LearnedGate:
                                      key=f"{self.key}:learned")
             self.made[(quantity, limit, per)] = found
         return found
+
+
+def _period(seen: list[Any]) -> float:
+    """A learned limit's period: the one its response kept (``Learned.saw``), else read."""
+    return seen[3] if len(seen) > 3 else period_of(*seen[:3])
