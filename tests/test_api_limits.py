@@ -13,7 +13,7 @@ import pytest
 
 from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist import resource
-from hypernodes_dist.policies.learned import learned_for, read_headers, watch
+from hypernodes_dist.policies.learned import learned_for, period_of, read_headers, watch
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -88,3 +88,14 @@ def test_the_server_limits_each_api_key_with_its_own_bucket():
             assert codes == [200, 200, 429]
         keys = server.keys()
         assert keys["a"]["ok"] == keys["b"]["ok"] == 2 and keys["a"]["rate_limited"] == 1
+
+
+def test_a_learned_period_is_read_from_the_refill_and_never_over_a_minute():
+    """Issue 33: a reset that is a window's end (6 s after 1 request of 50) read as a 300 s
+    period paced the calls to a crawl; a limit is never paced slower than per minute, a reset
+    read to the ms errs slow by a ms, and a zero reset keeps the period known before."""
+    assert period_of(50, 49, 6.0) == 60.0  # not 300
+    assert period_of(20000, 19988, 6.0) == 60.0  # not 10,000
+    assert period_of(500, 499, 0.12) == 60.0  # OpenAI: 1 of 500/minute back in 120 ms
+    assert period_of(120, 110, 0.083) == 1.0  # 10 of 120/second
+    assert period_of(6000, 5993, 0.0) == 60.0 and period_of(6000, 5993, 0.0, 1.0) == 1.0

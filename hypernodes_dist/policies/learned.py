@@ -31,7 +31,7 @@ __all__ = ["Learned", "learned_for", "watch", "read_headers", "period_of", "PUBL
 
 PUBLISH = 0.5  # seconds between two writes (or reads) of a resource's learned limits
 PERIOD = 60.0  # the providers' limits are per minute
-RESOLUTION = 0.02  # seconds: a shorter reset (read to the ms) says too little of the period
+TICK = 0.001  # seconds: the resolution of a stated reset
 
 _OPENAI = {"requests": ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
                         "x-ratelimit-reset-requests"),
@@ -94,15 +94,15 @@ def read_headers(headers: Any) -> dict[str, list[float | None]]:
 def period_of(limit: float, remaining: float | None, reset: float | None,
               known: float | None = None) -> float:
     """The period of a limit (seconds), as its refill tells it (two significant digits;
-    within 10% of a minute: a minute). Never over a minute (the providers' limits are per
-    minute; a provider whose ``reset`` is a window's end, not the refill's, would read as a
-    period of up to ``limit`` windows and pace calls to a crawl). A reset too short to read
-    within 5% (under ``RESOLUTION``: ``ms`` rounding) or nothing used tells nothing: the
-    period ``known`` from an earlier response, else a minute."""
-    if (remaining is None or reset is None or reset < RESOLUTION
-            or limit - remaining < 1):
+    within 10% of a minute: a minute). The reset is taken a ``TICK`` longer (it is read to
+    the ms: a short one errs on the slow side). Never over a minute (the providers' limits
+    are per minute; a provider whose ``reset`` is a window's end, not the refill's, would
+    read as a period of up to ``limit`` windows and pace calls to a crawl). A zero reset or
+    nothing used tells nothing: the period ``known`` from an earlier response, else a
+    minute."""
+    if remaining is None or reset is None or reset <= 0 or limit - remaining < 1:
         return known or PERIOD
-    period = limit * reset / (limit - remaining)
+    period = limit * (reset + TICK) / (limit - remaining)
     if abs(period - PERIOD) <= 0.1 * PERIOD:
         return PERIOD
     return float(f"{min(max(period, 0.01), PERIOD):.2g}")

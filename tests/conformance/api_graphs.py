@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 
-from hypernodes_dist import node, resource
+from hypernodes_dist import meter, node, resource
 
 
 def _client(base_url: str, api_key: str) -> openai.AsyncOpenAI:
@@ -55,6 +55,20 @@ def open_api(base_url: str, api_key: str):
 @node(output_name="label", retries=8)
 async def ask_open(text: str, open_api) -> str:
     return await _ask(open_api, text)
+
+
+# no limit declared, tokens metered: paced by the requests and tokens the headers state
+@resource
+def window_api(base_url: str, api_key: str):
+    return _client(base_url, api_key)
+
+
+@node(output_name="label", retries=8)
+async def ask_window(text: str, window_api) -> str:
+    r = await window_api.chat.completions.create(
+        model="loopback", messages=[{"role": "user", "content": text}])
+    meter(tokens=r.usage.total_tokens)
+    return r.choices[0].message.content or ""
 
 
 # a back-off: the API's width lowered by a 429 binds every process together

@@ -87,6 +87,29 @@ def test_limits_learned_from_headers_keep_refusals_low(engine, spent_server):
 
 
 @pytest.fixture(scope="module")
+def window_server():
+    """120 requests and 6,000 tokens per 1 s sliding window per key, x-ratelimit-* headers on
+    (issue 33: a dataset map learning these stopped after a few requests and waited)."""
+    with LLMServer(latency=(0.005, 0.01), rpm=120, tpm=6000, window_seconds=1.0,
+                   peak_seconds=1.0) as server:
+        yield server
+
+
+@pytest.mark.timeout(60)  # a regression waits forever: it fails here instead
+def test_limits_learned_from_a_short_window_let_every_row_through(engine, window_server):
+    """No limit declared, 200 rows over a 120-per-second window: the learned pace lets every
+    row through and no second holds more than the stated 120 requests."""
+    key, texts = _key(), [f"review {i}" for i in range(200)]
+    graph = Graph([A.window_api, A.ask_window], engine=engine)
+    res = graph.map({"text": texts, "base_url": window_server.base_url, "api_key": key},
+                    map_over="text")
+    assert [r["label"] for r in _complete(res)] == [label_of(t) for t in texts]
+    seen = window_server.keys()[key]
+    assert seen["ok"] == len(texts), seen
+    assert seen["peak_window"] <= 120, seen
+
+
+@pytest.fixture(scope="module")
 def slow_server():
     """Calls of 0.3-0.4 s (they overlap across processes), 6000 requests a minute per key."""
     with LLMServer(latency=(0.3, 0.4), rpm=6000, bucket=True) as server:
