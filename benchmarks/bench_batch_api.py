@@ -400,8 +400,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         write_source(work / "online.parquet", min(args.rows, args.online_rows))
         write_source(work / "graph.parquet", min(args.rows, args.graph_rows))
         with BatchServer(delay=args.delay, rpm=int(RPM * WINDOW / 60),
-                         tpm=int(TPM * WINDOW / 60), window_seconds=WINDOW,
-                         headers=False) as server:
+                         tpm=int(TPM * WINDOW / 60), window_seconds=WINDOW) as server:
             for part in parts:
                 out[part] = run_part(part, server, work, args)
                 print(part, json.dumps(out[part]), flush=True)
