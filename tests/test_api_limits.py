@@ -9,10 +9,13 @@ import uuid
 
 import httpx
 import openai
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from hypernodes_bench.batch_server import BatchServer
 from hypernodes_bench.llm_server import LLMServer
-from hypernodes_dist import resource
+from hypernodes_dist import Graph, meter, node, resource
 from hypernodes_dist.policies.learned import learned_for, period_of, read_headers, watch
 
 
@@ -99,3 +102,36 @@ def test_a_learned_period_is_read_from_the_refill_and_never_over_a_minute():
     assert period_of(500, 499, 0.12) == 60.0  # OpenAI: 1 of 500/minute back in 120 ms
     assert period_of(120, 110, 0.083) == 1.0  # 10 of 120/second
     assert period_of(6000, 5993, 0.0) == 60.0 and period_of(6000, 5993, 0.0, 1.0) == 1.0
+
+
+@resource
+def headed_llm(base_url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+
+
+async def _classify(text: str, headed_llm: openai.AsyncOpenAI) -> str:
+    r = await headed_llm.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": text}], max_tokens=5)
+    meter(tokens=r.usage.total_tokens)
+    return r.choices[0].message.content
+
+
+@pytest.mark.timeout(120)  # issue 33 waited forever after a few requests: fail instead
+def test_a_dataset_map_paced_by_a_batch_servers_headers_completes(tmp_path):
+    """Issue 33 as the user ran it: ``graph.map(source=parquet, into=)``, an async node
+    with an AsyncOpenAI resource declaring no limit, against BatchServer's online endpoint
+    with 60 requests and 6,000 tokens per 1 s window and its x-ratelimit-* headers."""
+    rows = 300
+    src = tmp_path / "src.parquet"
+    pq.write_table(pa.table({"id": list(range(rows)),
+                             "text": [f"review {i}: value" for i in range(rows)]}), src)
+    paid = node(output_name="label", retries=8, retry_on=openai.RateLimitError)(_classify)
+    with BatchServer(rpm=60, tpm=6000, window_seconds=1.0) as server:
+        Graph([headed_llm, paid]).map({"base_url": server.base_url}, source=str(src),
+                                      columns={"text": "text"}, keep=["id"],
+                                      into=str(tmp_path / "out"))
+        stats = server.stats()
+    out = pq.read_table(tmp_path / "out", columns=["id", "label"]).to_pydict()
+    assert sorted(out["id"]) == list(range(rows)) and all(out["label"]), stats
+    assert stats["online_ok"] == rows, stats
+    assert stats["online_rate_limited"] <= 0.02 * rows, stats  # the window's 60 held
