@@ -129,7 +129,9 @@ class Learned:
             old = self.state or {}
             for quantity, seen in found.items():  # + the period, kept while resets are coarse
                 known = old.get(quantity)
-                seen.append(period_of(*seen[:3], known[3] if known and len(known) > 3 else None))
+                limit, remaining, reset = seen[:3]  # the limit is always stated (> 0)
+                seen.append(period_of(limit or 0.0, remaining, reset,
+                                      known[3] if known and len(known) > 3 else None))
             self.state = state = {**old, **found, "at": time.time()}
             publish = now - self.published >= PUBLISH
             if publish:

@@ -149,11 +149,7 @@ def run_dataset(
                                     columns)
     outputs = settings.select or plan.outputs
     keep_t = _check_keep(src, keep, outputs)
-    loop = open_loop(plan, settings, broadcast, list(mapping), into,
-                     map_identity(plan, str(into)), engine.driver_shared
-                     ) if batch_nodes(plan) else None
-    if loop is not None:  # the batches' events, the head's (run before the bar) included
-        loop.on_event = Dispatcher(callbacks)
+    loop = _open_batches(plan, settings, broadcast, list(mapping), into, engine, callbacks)
     out = _open_into(into, engine)
     prepare_map_cache(plan, cache, engine)
     manifest = new_manifest(plan, src, mapping, keep_t, outputs, broadcast)
@@ -179,6 +175,19 @@ def run_dataset(
     result = collector.result()
     result.pending, result.unfinished = pending, max(0, result.unfinished - pending)
     return result
+
+
+def _open_batches(plan: Plan, settings: BatchSettings, broadcast: Mapping[str, Any], mapped: list[str],
+                  into: Any, engine: Engine, callbacks: Sequence[Any]) -> BatchLoop | None:
+    """The map's Batch API loop when a node has ``batch_api=True`` (else None); the batches'
+    events reach the callbacks from the start, the head's (run before the bar) included."""
+    if not batch_nodes(plan):
+        return None
+    loop = open_loop(plan, settings, broadcast, mapped, into, map_identity(plan, str(into)),
+                     engine.driver_shared)
+    if loop is not None:
+        loop.on_event = Dispatcher(callbacks)
+    return loop
 
 
 def _open_into(into: Any, engine: Engine) -> ParquetDataset:
