@@ -171,8 +171,11 @@ class Tally:
 
     @property
     def position(self) -> int:
-        """Rows done: an earlier run's, this run's exact counts, and the live ones."""
-        return self.initial + self.done + self.live_rows
+        """Rows done: an earlier run's, this run's exact counts, and the live ones (never
+        past the total: a live count may still hold a row its exact count already has, e.g.
+        a provider batch's round re-running a map's waiting items)."""
+        done = self.initial + self.done + self.live_rows
+        return done if self.total is None else min(done, self.total)
 
     # -- display -------------------------------------------------------------------------
     def _metered(self) -> dict[str, float]:
