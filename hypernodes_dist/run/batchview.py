@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypernodes_dist.batchapi.driver import BatchDriver
 from hypernodes_dist.batchapi.store import FileState
@@ -74,13 +75,14 @@ def batch_event(f: FileState, resource: str, node: str, ids: tuple[str, str],
                 answered: int = 0, failed: int = 0) -> Event:
     """The event of file ``f``'s batch now: submitted (running) or ended (``ids``: the map's
     session id and run-id prefix)."""
-    common = dict(session_id=ids[0], run_id=ids[1], node_id=node, file=f.fid,
-                  batch_id=f.batch_id or "", resource=resource, provider=f.provider,
-                  lines=len(f.digests), started_at=f.creating_at or time.time())
+    common: dict[str, Any] = dict(
+        session_id=ids[0], run_id=ids[1], node_id=node, file=f.fid, batch_id=f.batch_id or "",
+        resource=resource, provider=f.provider, lines=len(f.digests),
+        started_at=f.creating_at or time.time())
     if f.state == "submitted":
-        return BatchSubmittedEvent(**common)  # type: ignore[arg-type]
+        return BatchSubmittedEvent(**common)
     state = shown_state(f) or f.state
-    return BatchEndedEvent(**common, status=state, answered=answered,  # type: ignore[arg-type]
+    return BatchEndedEvent(**common, status=state, answered=answered,
                            failed_lines=failed, ended_at=time.time(),
                            reason=f.why if state in ("failed", "lost") else "")
 
