@@ -96,12 +96,14 @@ class BatchDriver:
     def __init__(self, transport: BatchTransport, folder: str, *, attempts: int = 1,
                  keep_files: bool = False, online_after: float | None = None,
                  ledger_folder: str | None = None, resubmit_lost: bool = False,
-                 reserve: Reserve | None = None) -> None:
+                 reserve: Reserve | None = None, answers: AnswerStore | None = None) -> None:
         """``folder`` holds the answers (and the ledger unless ``ledger_folder`` is given:
-        one ledger per transport, one answer store per map)."""
+        one ledger per transport, one answer store per map: ``answers``, the map's store
+        when the caller has one, so its index is built once per process)."""
         self.transport, self.attempts, self.keep_files = transport, max(1, attempts), keep_files
         self.online_after, self.resubmit_lost, self.reserve = online_after, resubmit_lost, reserve
-        self.ledger, self.answers = Ledger(ledger_folder or folder), AnswerStore(folder)
+        self.ledger = Ledger(ledger_folder or folder)
+        self.answers = answers if answers is not None else AnswerStore(folder)
         self.answers.drop(REFUSED_PREFIX)  # a rerun asks the budget again
         self.files: dict[str, FileState] = self.ledger.files()
         self.counts = DriverCounts()

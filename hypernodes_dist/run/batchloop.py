@@ -76,7 +76,8 @@ class BatchLoop:
         self.drivers = {name: BatchDriver(t, str(self.folder), attempts=attempts,
                                           online_after=online_after, keep_files=keep_files,
                                           ledger_folder=str(self.folder / "ledgers" / name),
-                                          resubmit_lost=resubmit_lost, reserve=reserve)
+                                          resubmit_lost=resubmit_lost, reserve=reserve,
+                                          answers=self.answers)
                         for name, t in transports.items()}
         self._reserve: Reserve | None = reserve
         self.on_change: Callable[[BatchSummary], None] | None = None  # the bar
