@@ -11,6 +11,14 @@ the request is handed to ``record`` and ``BatchWait`` is raised, so the item wai
 Marked ``ONLINE`` (a batch cancelled by ``online_after``): it goes out through the original
 client's HTTP client, as online.
 
+A stainless client we know (``openai``, ``anthropic``: their base client's own
+``_build_request``) is looked up earlier, as it builds the request (``_BuildLookup``): its
+options' ``json_data`` merged with ``extra_json`` is the body it sends, so a recorded call
+builds no request at all (no headers, no ``httpx`` request, no JSON encoded and parsed
+again), and an answered one carries its answer to the transport. A call outside that
+path (raw response, stream, another endpoint, a body that is not plain JSON) is read at
+the HTTP layer as above.
+
 Both signals derive from ``BaseException``: the clients retry (and wrap) ``Exception``
 raised by a transport, and a node's ``except Exception`` must not swallow a wait. The call
 layer catches them: ``BatchWait`` makes the item wait, ``UnbatchableCall.error()`` fails
@@ -150,6 +158,11 @@ def batch_endpoint(request: Any) -> tuple[str, dict[str, Any]]:
 
 
 _JSON_HEADERS = {"content-type": "application/json"}
+_LOOKED_UP = "hn_batch_answer"  # a request's extension: its answer, looked up as it was built
+# options headers that change what is sent or returned: such a call is read at the HTTP layer
+_HEADERS_APART = frozenset({_RAW, "____stainless_override_cast_to", "content-type"})
+_OPTIONS = {"method", "url", "headers", "files", "content", "json_data", "extra_json"}
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _json(body: Any) -> Any:
@@ -180,13 +193,20 @@ class RecordingTransport:
         return self._response(request, answer)
 
     def _answer(self, request: Any) -> Answer:
+        answer = request.extensions.pop(_LOOKED_UP, None)  # looked up as the client built it
+        if answer is not None:
+            return answer
         endpoint, parsed = batch_endpoint(request)
-        body = Canonical(parsed, canonical_body(parsed))  # encoded once: the log reuses it
+        return self.lookup(endpoint, Canonical(parsed, canonical_body(parsed)))
+
+    def lookup(self, endpoint: str, body: Canonical) -> Answer:
+        """The answer to a request (``ONLINE``: send it), or the request recorded and
+        ``BatchWait`` raised (``BudgetRefusal``: the budget kept it out)."""
         digest = digest_of(endpoint, body.canonical)
         raw = getattr(self.answers, "raw", None)  # the body as JSON bytes, when it can
         answer = raw(digest) if raw is not None else self.answers.get(digest)
         if answer is None:
-            self.record(endpoint, body)
+            self.record(endpoint, body)  # its canonical bytes encoded once: the log reuses them
             raise BatchWait(endpoint, digest)
         if answer.status == REFUSED:
             raise BudgetRefusal(_json(answer.body))
@@ -223,4 +243,85 @@ def recording_client(client: Any, answers: AnswerLookup, record: Record) -> Any:
     is_async = inspect.iscoroutinefunction(getattr(type(client), "post", None))
     http_client = (http.AsyncClient(transport=transport) if is_async
                    else http.Client(transport=transport))
-    return client.copy(http_client=http_client, max_retries=0)
+    copy = client.copy(http_client=http_client, max_retries=0)
+    merge = _body_merge(copy)
+    if merge is not None:  # a client we know: a call is looked up as it builds its request
+        copy._build_request = _BuildLookup(copy._build_request, transport, merge)
+    return copy
+
+
+def _body_merge(client: Any) -> Callable[..., Any] | None:
+    """The ``_merge_mappings`` its ``_build_request`` merges ``extra_body`` with, if
+    ``client`` is a stainless client (``openai``, ``anthropic``) whose request building we
+    know: its base client's own ``_build_request(options, *, retries_taken)``, not one a
+    subclass changed (Azure's); otherwise None (its calls are read at the HTTP layer)."""
+    build = getattr(type(client), "_build_request", None)
+    module = sys.modules.get(getattr(build, "__module__", "") or "")
+    if build is None or module is None or not module.__name__.endswith("._base_client"):
+        return None
+    fields = getattr(getattr(module, "FinalRequestOptions", None), "model_fields", {})
+    if list(inspect.signature(build).parameters) != ["self", "options", "retries_taken"] \
+            or not _OPTIONS <= set(fields):
+        return None
+    return getattr(module, "_merge_mappings", None)
+
+
+class _BuildLookup:
+    """A known client's ``_build_request``: a batchable call (``post`` of a JSON object to a
+    batched endpoint, not streamed, no raw response, a body of plain JSON values) is looked
+    up from the request options before any request is built: ``json_data`` merged with
+    ``extra_json`` exactly as ``_build_request`` does IS the body the client sends
+    (``openapi_dumps`` of it). Not answered: recorded, ``BatchWait`` raised, nothing built.
+    Answered: the request is built and carries its answer to the transport. Any other call
+    is built as the client builds it and read at the HTTP layer, as before."""
+
+    def __init__(self, build: Callable[..., Any], transport: RecordingTransport,
+                 merge: Callable[..., Any]) -> None:
+        self.build, self.transport, self.merge = build, transport, merge
+
+    def __call__(self, options: Any, *, retries_taken: int = 0) -> Any:
+        found = self.batchable(options)
+        if found is None:
+            return self.build(options, retries_taken=retries_taken)
+        answer = self.transport.lookup(*found)
+        request = self.build(options, retries_taken=retries_taken)
+        request.extensions[_LOOKED_UP] = answer
+        return request
+
+    def batchable(self, options: Any) -> tuple[str, Canonical] | None:
+        """The endpoint and canonical body of a call the fast path takes, or None."""
+        if options.method.lower() != "post" or options.files is not None \
+                or options.content is not None:
+            return None
+        headers = options.headers
+        if headers and any(k.lower() in _HEADERS_APART for k in headers):
+            return None
+        path = options.url.partition("?")[0].rstrip("/")
+        endpoint = next((e for end, e in _ENDPOINTS.items() if path.endswith(end)), None)
+        body, extra = options.json_data, options.extra_json
+        if extra is not None:
+            body = extra if body is None else self.merge(body, extra) if isinstance(
+                body, Mapping) else None
+        if endpoint is None or type(body) is not dict or body.get("stream") \
+                or not _plain(body):
+            return None
+        try:
+            return endpoint, Canonical(body, canonical_body(body))
+        except ValueError:  # NaN, a lone surrogate: as the client fails it
+            return None
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` holds only dicts with string keys, lists and JSON scalars: then its
+    canonical bytes equal those of the JSON the client sends, parsed (an int key would sort
+    apart from its string; a datetime, a model, a dict subclass are the client's to encode)."""
+    kind = type(value)
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            return False
+        values: Any = value.values()
+    elif kind is list or kind is tuple:
+        values = value
+    else:
+        return kind in _SCALARS
+    return all(type(v) in _SCALARS or _plain(v) for v in values)
