@@ -24,6 +24,7 @@ import contextvars
 import threading
 from collections.abc import Awaitable, Coroutine, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from hypernodes_dist.perprocess import PROCESS
@@ -58,14 +59,7 @@ def run_sync(coro: Coroutine[Any, Any, T], needs_loop: bool = True) -> T:
     if in_process_loop():
         with ThreadPoolExecutor(1, thread_name_prefix="hypernodes-sync") as pool:
             return pool.submit(asyncio.run, coro).result()
-    handle = _Handle(process_loop())
-    try:
-        _schedule(handle, coro)
-        return handle.future.result()
-    except BaseException:  # Ctrl-C (or SystemExit) in this thread, wherever it landed
-        if not handle.future.done():
-            handle.unwind()
-        raise
+    return _wait_for(coro)
 
 
 async def on_process_loop(coro: Coroutine[Any, Any, T]) -> T:
@@ -126,12 +120,22 @@ def call_on_loop(awaitable: Awaitable[T], timeout: float | None = None) -> T:
     async def wrap() -> T:
         return await awaitable
 
+    return _wait_for(wrap(), timeout)
+
+
+def _wait_for(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coro`` on the process loop and wait for its result in this thread. Ctrl-C (or
+    SystemExit) here, wherever it lands, cancels it and waits for it to unwind; past
+    ``timeout`` it is left to finish there (``TimeoutError``)."""
     handle = _Handle(process_loop())
     try:
-        _schedule(handle, wrap())
+        _schedule(handle, coro)
         return handle.future.result(timeout)
-    except KeyboardInterrupt:
-        handle.unwind()
+    except FutureTimeout:
+        raise
+    except BaseException:
+        if not handle.future.done():
+            handle.unwind()
         raise
 
 
