@@ -17,7 +17,9 @@ options' ``json_data`` merged with ``extra_json`` is the body it sends, so a rec
 builds no request at all (no headers, no ``httpx`` request, no JSON encoded and parsed
 again), and an answered one carries its answer to the transport. A call outside that
 path (raw response, stream, another endpoint, a body that is not plain JSON) is read at
-the HTTP layer as above.
+the HTTP layer as above. An answered call's request is then a bare ``POST`` (no headers,
+no body: only its answer is read; the client's error keeps the request it would send), and
+its response is handed to the client's own processing without the HTTP client's send.
 
 Both signals derive from ``BaseException``: the clients retry (and wrap) ``Exception``
 raised by a transport, and a node's ``except Exception`` must not swallow a wait. The call
@@ -246,8 +248,38 @@ def recording_client(client: Any, answers: AnswerLookup, record: Record) -> Any:
     copy = client.copy(http_client=http_client, max_retries=0)
     merge = _body_merge(copy)
     if merge is not None:  # a client we know: a call is looked up as it builds its request
-        copy._build_request = _BuildLookup(copy._build_request, transport, merge)
+        copy._build_request = _BuildLookup(copy, transport, merge)
+        send = getattr(type(copy), "_send_request", None)
+        if send is not None and list(inspect.signature(send).parameters) == [
+                "self", "request", "stream", "kwargs"]:
+            copy._send_request = _answered_send(copy._send_request, transport,
+                                                inspect.iscoroutinefunction(send))
     return copy
+
+
+def _answered_send(send: Callable[..., Any], transport: RecordingTransport,
+                   is_async: bool) -> Callable[..., Any]:
+    """A known client's ``_send_request``: a request that carries its answer (a 2xx one)
+    gets its response here, not through the HTTP client (auth, redirects, the transport);
+    others are sent as the client sends them."""
+    def answered(request: Any) -> Any:
+        answer = request.extensions.get(_LOOKED_UP)
+        if answer is None or answer is ONLINE or not 200 <= answer.status < 300:
+            return None
+        del request.extensions[_LOOKED_UP]
+        return transport._response(request, answer)
+
+    if is_async:
+        async def send_async(request: Any, *, stream: bool, **kwargs: Any) -> Any:
+            response = answered(request)
+            return response if response is not None else await send(
+                request, stream=stream, **kwargs)
+        return send_async
+
+    def send_sync(request: Any, *, stream: bool, **kwargs: Any) -> Any:
+        response = answered(request)
+        return response if response is not None else send(request, stream=stream, **kwargs)
+    return send_sync
 
 
 def _body_merge(client: Any) -> Callable[..., Any] | None:
@@ -272,21 +304,34 @@ class _BuildLookup:
     up from the request options before any request is built: ``json_data`` merged with
     ``extra_json`` exactly as ``_build_request`` does IS the body the client sends
     (``openapi_dumps`` of it). Not answered: recorded, ``BatchWait`` raised, nothing built.
-    Answered: the request is built and carries its answer to the transport. Any other call
+    Answered: a bare request (a 2xx answer) or the client's own carries the answer on to
+    ``_send_request`` or the transport. Any other call
     is built as the client builds it and read at the HTTP layer, as before."""
 
-    def __init__(self, build: Callable[..., Any], transport: RecordingTransport,
+    def __init__(self, client: Any, transport: RecordingTransport,
                  merge: Callable[..., Any]) -> None:
-        self.build, self.transport, self.merge = build, transport, merge
+        self.build, self.prepare_url = client._build_request, client._prepare_url
+        self.transport, self.merge = transport, merge
+        self.urls: dict[str, Any] = {}
 
     def __call__(self, options: Any, *, retries_taken: int = 0) -> Any:
         found = self.batchable(options)
         if found is None:
             return self.build(options, retries_taken=retries_taken)
         answer = self.transport.lookup(*found)
-        request = self.build(options, retries_taken=retries_taken)
+        if answer is not ONLINE and 200 <= answer.status < 300:
+            request = self.bare(options.url)  # only its answer is read: no headers, no body
+        else:  # sent online, or the client's error: the request it would send
+            request = self.build(options, retries_taken=retries_taken)
         request.extensions[_LOOKED_UP] = answer
         return request
+
+    def bare(self, url: str) -> Any:
+        """A ``POST`` to ``url`` (the client's full URL, made once) with nothing else."""
+        full = self.urls.get(url)
+        if full is None:
+            full = self.urls[url] = self.prepare_url(url)
+        return self.transport.http.Request("POST", full)
 
     def batchable(self, options: Any) -> tuple[str, Canonical] | None:
         """The endpoint and canonical body of a call the fast path takes, or None."""
