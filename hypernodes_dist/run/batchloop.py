@@ -70,9 +70,12 @@ class BatchLoop:
     def __init__(self, folder: str | os.PathLike[str], transports: Mapping[str, BatchTransport],
                  *, attempts: int = 1, online_after: float | None = None,
                  keep_files: bool = False, resubmit_lost: bool = False,
-                 reserve: Reserve | None = None, backoff: Backoff = Backoff()) -> None:
+                 reserve: Reserve | None = None, backoff: Backoff = Backoff(),
+                 stores: tuple[RequestLog, AnswerStore] | None = None) -> None:
+        """``stores``: the folder's request log and answer store when the caller has them
+        (a map: this process's, which its workers here read too: one answer index)."""
         self.folder, self.backoff = Path(folder), backoff
-        self.log, self.answers = RequestLog(self.folder), AnswerStore(self.folder)
+        self.log, self.answers = stores or (RequestLog(self.folder), AnswerStore(self.folder))
         self.drivers = {name: BatchDriver(t, str(self.folder), attempts=attempts,
                                           online_after=online_after, keep_files=keep_files,
                                           ledger_folder=str(self.folder / "ledgers" / name),

@@ -87,14 +87,18 @@ def open_loop(plan: Plan, settings: BatchSettings, broadcast: Mapping[str, Any],
         transports.update(transports_for(clients, map_id, node.name))
         owners.update({r: node.name for r in clients if r not in owners})
     online = [n.online_after for n in nodes if n.online_after is not None]
+    link = BatchLink(os.path.abspath(folder))  # workers may run elsewhere
+    # the loop reads and writes this process's stores of the folder, which the workers
+    # running here read too: one answer index in the driver's process, not two
     loop = BatchLoop(folder, transports,
                      attempts=1 + max((n.policy.retries if n.policy else 0) for n in nodes),
                      online_after=min(online) if online else None, backoff=backoff(),
-                     keep_files=os.environ.get(KEEP_FILES_ENV, "") not in ("", "0"))
+                     keep_files=os.environ.get(KEEP_FILES_ENV, "") not in ("", "0"),
+                     stores=link.stores())
     loop.ids, loop.owners = (settings.session_id, settings.run_prefix), owners  # its events
     if settings.budget is not None:
         loop.reserve(BudgetReserve(settings.budget, owners, where))
-    settings.batch = BatchLink(os.path.abspath(folder))  # workers may run elsewhere
+    settings.batch = link
     return loop
 
 
