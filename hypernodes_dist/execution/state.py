@@ -108,7 +108,9 @@ def record_failure(st: BatchState, node: HyperNode, i: int, exc: BaseException) 
     event; it runs no further node (``failed`` holds it too, until ``build_result``)."""
     settings = st.settings
     if isinstance(exc, WaitingForBatch):
-        st.failed[i] = exc
+        # no traceback: it would keep the call's frames (and their locals) alive while the
+        # item waits, and its frames' cycles for the collector's full passes
+        st.failed[i] = exc.with_traceback(None)
         st.waiting.add(i)
         return
     index = settings.item(st.chunk.offset + i)
