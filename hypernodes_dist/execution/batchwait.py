@@ -49,8 +49,16 @@ _COPIES: Memo[tuple[Any, Any]] = Memo("execution.batchwait.copies")
 
 
 def supported(client: Any) -> bool:
-    """Whether a Batch API transport carries ``client``'s calls."""
-    return any(t.supports(client) for t in SUPPORTED)
+    """Whether a Batch API transport carries ``client``'s calls (asked once per type: a
+    transport recognizes a client by its class)."""
+    kind = type(client)
+    known = _SUPPORTED.get(kind)
+    if known is None:
+        known = _SUPPORTED[kind] = any(t.supports(client) for t in SUPPORTED)
+    return known
+
+
+_SUPPORTED: dict[type, bool] = {}
 
 
 def swap_clients(built: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
