@@ -238,6 +238,52 @@ def test_a_rate_the_calls_reach_paces_them_and_no_period_holds_more_than_its_cou
     assert starts[-1] - t0 >= (3 * count - 10) / count * per * 0.99
 
 
+def test_a_limit_the_calls_never_reach_is_reserved_in_blocks_not_call_by_call():
+    """Calls below the rate (one a millisecond against 10,000/s) and their token amounts
+    take their start times from blocks: a handful of backend reservations, no waits."""
+    from hypernodes_dist.policies.limits import quantity, rate, using
+    from hypernodes_dist.policies.memory import MemoryLimits
+
+    with using(MemoryLimits()) as where:
+        calls = rate("never-binding", 600_000, 60.0)
+        tokens = quantity("never-binding:tokens", 60_000_000, 60.0)
+        waits = []
+        for i in range(300):
+            waits += [calls.reserve(), tokens.reserve(30.0)]
+            tokens.correct(float(i % 7 - 3))  # what the call metered: 27-33 tokens
+            time.sleep(0.001)
+    backend_ops = sum(made.ops for made in where.made)
+    assert max(waits) == 0.0
+    assert backend_ops <= 60, backend_ops  # 900 without blocks (a reserve per call, two
+    # per token amount); a loaded machine's slow loop makes blocks smaller, not per call
+
+
+def test_token_amounts_a_limit_reaches_are_paced_and_no_period_holds_more_than_its_count():
+    """Amounts reserved in blocks and corrected by what each call metered: every window
+    of one period holds at most the count (+ a call's amount on its edges), the calls are
+    paced at the rate (not slower: corrections given back are used again)."""
+    from hypernodes_dist.policies.limits import quantity, using
+    from hypernodes_dist.policies.memory import MemoryLimits
+
+    count, per = 10_000, 1.0  # tokens; a burst of 100, then 9,901/s
+    with using(MemoryLimits()):
+        tokens = quantity("paced:tokens", count, per)
+        t0 = time.time()
+        starts, used = [], []
+        for i in range(300):  # 30,000 tokens expected, 30,000 metered
+            starts.append(time.time() + tokens.reserve(100.0))
+            used.append(100.0 + (i % 5 - 2) * 20)  # 60-140 metered
+            tokens.correct(used[-1] - 100.0)
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    at = [starts[i] for i in order]
+    amounts = [used[i] for i in order]
+    for i, s in enumerate(at):
+        j = bisect.bisect_right(at, s + per)
+        assert sum(amounts[i:j]) <= count + 2 * 140, (i, sum(amounts[i:j]))
+    assert at[-1] - t0 >= (sum(used) - count - 200) / count * per * 0.99
+    assert at[-1] - t0 <= (sum(used) - 100) / count * per + 1.0  # paced, not slower
+
+
 def test_small_counts_have_no_burst():
     from hypernodes_dist.policies.limits import paced
 

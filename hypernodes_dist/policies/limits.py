@@ -42,7 +42,7 @@ from hypernodes_dist.policies.backend import (
 from hypernodes_dist.policies.machine import MachineLimits, limits_dir
 
 __all__ = ["Slots", "Rate", "register_backend", "using", "backend", "limiter", "slots", "rate",
-           "amounts", "shared", "settle", "paced", "burst_of", "MAX_RATE_BLOCK"]
+           "amounts", "quantity", "shared", "settle", "paced", "burst_of", "MAX_RATE_BLOCK"]
 
 MAX_RATE_BLOCK = 64  # start times one rate reservation may take at most
 # A rate limit lets this share of its count start at once after a pause (a token bucket's
@@ -267,45 +267,83 @@ class Slots:
 
 
 class Rate:
-    """Start times of one rate limit, reserved from the backend in blocks.
+    """Start times of one rate limit (or amounts of a metered quantity), reserved from the
+    backend in blocks.
 
-    The backend keeps the nominal schedule: start times ``interval`` apart, shared by every
-    process. A call may start up to ``tolerance`` seconds before its nominal time (a
-    bounded burst, ``burst_of``): a rate the calls never reach delays none of them, however
-    bunched they arrive; one they reach paces them ``interval`` apart. A block of ``k``
-    consecutive start times costs one backend reservation. ``k`` doubles while calls use a
-    block up before its last start time has come (demand above the rate) and falls back to
-    1 when start times go unused. A reserved start that has passed by more than ``stale``
-    (the tolerance, at least one interval) is dropped with the rest of its block; one passed
-    by less is used late, as the burst the limit allows: a loaded process that wakes a few
-    milliseconds late no longer throws away the rest of its block (up to ``MAX_RATE_BLOCK``
-    start times of the schedule every process shares).
+    The backend keeps the nominal schedule: start times ``interval`` apart (one per call, or
+    per unit of an amount), shared by every process. A call may start up to ``tolerance``
+    seconds before its nominal time (a bounded burst, ``burst_of``): a rate the calls never
+    reach delays none of them, however bunched they arrive; one they reach paces them
+    ``interval`` apart. A block of ``block`` calls' worth costs one backend reservation;
+    the process hands its start times out in order. ``block`` doubles while calls use a
+    block up before its last start time has come (demand above the rate) or within a
+    quarter of ``stale`` (demand below the rate: a never-binding limit costs one
+    reservation per ``MAX_RATE_BLOCK`` calls, not one per call), halves when a block lasted
+    over half of ``stale`` and falls back to 1 when start times go unused. A reserved start that has passed by more than ``stale`` (the tolerance, at
+    least one interval) is dropped with the rest of its block; one passed by less is used
+    late, as the burst the limit allows: a loaded process that wakes a few milliseconds
+    late no longer throws away the rest of its block (up to ``MAX_RATE_BLOCK`` start times
+    of the schedule every process shares). Whatever block size, no call starts more than
+    ``tolerance`` before its nominal time nor uses one more than ``stale`` old.
+
+    Amounts (``reserve(k)``, ``correct(delta)``: a quantity's expected amount, then what the
+    call really metered) move the same cursor by ``k`` intervals; a block of amounts holds
+    ``spare`` calls more, for the corrections; the rest of a block too small for the next
+    amount goes back to the backend when it is still ahead, and a correction stays in the
+    block when it fits (else it goes to the backend, as it would without blocks).
     """
 
-    def __init__(self, rate: RateStore, tolerance: float = 0.0) -> None:
+    def __init__(self, rate: RateStore, tolerance: float = 0.0, spare: float = 0.0) -> None:
         self.rate = rate
         self.interval: float = rate.interval
         self.tolerance = tolerance
         self.stale = max(self.interval, tolerance)
         self.lock = threading.Lock()
-        self.next = 0.0
-        self.left = 0
+        self.next = 0.0  # the block's next free start time (wall clock)
+        self.left = 0.0  # what the block holds from ``next`` on (starts or amounts)
+        self.base = 0.0  # the block's first start time (give-backs stay in the block)
+        self.filled = -math.inf  # when the block was reserved
         self.block = 1
+        self.spare = spare
 
-    def reserve(self) -> float:
-        """Seconds this call must wait for its start time."""
+    def reserve(self, k: float = 1) -> float:
+        """Seconds this call (``k``: its amount) must wait for its start time."""
         with self.lock:
             now = time.time()
             if self.left and self.next < now - self.stale:
-                self.left, self.block = 0, 1  # unused starts: demand is below the rate
-            if not self.left:
-                if self.next > now:  # used up before its end: demand is above the rate
-                    self.block = min(MAX_RATE_BLOCK, self.block * 2)
-                self.next, self.left = self.rate.reserve(self.block), self.block
+                self.left, self.block = 0.0, 1  # unused starts: demand is below the rate
+            if self.left < k or not self.left:
+                self._refill(k, now)
             start = self.next
-            self.next += self.interval
-            self.left -= 1
+            self.next += k * self.interval
+            self.left -= k
         return max(0.0, start - self.tolerance - now)
+
+    def _refill(self, k: float, now: float) -> None:
+        """(Lock held.) A new block of ``block`` calls of ``k`` from the backend."""
+        used = now - self.filled  # how long the last block lasted
+        if self.next > now or used < self.stale / 4:  # demand above the rate, or blocks
+            self.block = min(MAX_RATE_BLOCK, self.block * 2)  # twice as large still last
+        elif used > self.stale / 2:  # less than half the horizon (none goes stale)
+            self.block = max(1, self.block // 2)
+        if self.left * self.interval > 1e-6 and self.next + self.left * self.interval > now:
+            self.rate.reserve(-self.left)  # a rest too small for ``k``, still ahead: back
+        size = (self.block + self.spare) * k
+        self.base = self.next = self.rate.reserve(size)
+        self.left, self.filled = size, now
+
+    def correct(self, delta: float) -> None:
+        """A call took ``delta`` more (less, when negative) than it reserved."""
+        if not delta:
+            return
+        with self.lock:
+            fresh = self.next >= time.time() - self.stale  # a stale block is not charged
+            if fresh and (0 < delta <= self.left or (
+                    delta < 0 and self.next + delta * self.interval >= self.base)):
+                self.next += delta * self.interval
+                self.left -= delta
+                return
+        self.rate.reserve(delta)
 
 
 def burst_of(count: float) -> float:
@@ -385,6 +423,17 @@ def rate(key: str, count: float, per: float) -> Rate:
     return _limiter("rate", key, (count, per), make)
 
 
+def quantity(key: str, count: float, per: float) -> Rate:
+    """This process's reservations of a metered quantity, ``count`` per ``per`` seconds (a
+    bounded burst, ``paced``), in blocks with a call's worth spare for the corrections."""
+    def make(where: LimitsBackend) -> Rate:
+        steady, burst = paced(count, per)
+        store = where.rate(key, steady, per)
+        return Rate(store, (burst - 1) * store.interval, spare=1.0)
+
+    return _limiter("quantity", key, (count, per), make)
+
+
 def amounts(key: str, count: float, per: float) -> RateStore:
     """The backend's reservation of ``count`` units of a quantity per ``per`` seconds."""
     return _limiter("amounts", key, (count, per), lambda b: b.rate(key, count, per))
@@ -401,7 +450,7 @@ def _shared_of(where: LimitsBackend, key: str) -> SharedValue:
 
 
 _KINDS: dict[str, Callable[..., Any]] = {"slots": slots, "rate": rate, "amounts": amounts,
-                                         "shared": shared}
+                                         "quantity": quantity, "shared": shared}
 
 
 @overload
@@ -411,9 +460,11 @@ def limiter(kind: Literal["rate"], key: str, count: float, per: float, /) -> Rat
 @overload
 def limiter(kind: Literal["amounts"], key: str, count: float, per: float, /) -> RateStore: ...
 @overload
+def limiter(kind: Literal["quantity"], key: str, count: float, per: float, /) -> Rate: ...
+@overload
 def limiter(kind: Literal["shared"], key: str, /) -> SharedValue: ...
 def limiter(kind: str, key: str, /, *spec: Any) -> Slots | Rate | RateStore | SharedValue:
-    """``slots``, ``rate``, ``amounts`` or ``shared`` by name (``kind``)."""
+    """``slots``, ``rate``, ``amounts``, ``quantity`` or ``shared`` by name (``kind``)."""
     return _KINDS[kind](key, *spec)
 
 

@@ -61,12 +61,18 @@ def _c() -> Any:
     return _libc
 
 
+_MADE: dict[str | None, str] = {}  # $HYPERNODES_LIMITS_DIR -> the directory, made
+
+
 def limits_dir() -> str:
-    """Where this machine's limit state lives (``$HYPERNODES_LIMITS_DIR`` overrides)."""
-    path = os.environ.get("HYPERNODES_LIMITS_DIR") or os.path.join(
-        tempfile.gettempdir(), f"hypernodes-limits-{os.getuid()}"
-    )
-    os.makedirs(path, exist_ok=True)
+    """Where this machine's limit state lives (``$HYPERNODES_LIMITS_DIR`` overrides); made
+    once per process and setting (a lookup after that: ``limits.backend()`` asks per use)."""
+    env = os.environ.get("HYPERNODES_LIMITS_DIR")
+    path = _MADE.get(env)
+    if path is None or not os.path.isdir(path):  # (an existing path: one stat)
+        path = env or os.path.join(tempfile.gettempdir(), f"hypernodes-limits-{os.getuid()}")
+        os.makedirs(path, exist_ok=True)
+        _MADE[env] = path
     return path
 
 

@@ -1,22 +1,21 @@
 """A quantity-rate gate: ``rate_limit={"tokens": "N/period"}`` on a metered quantity.
 
 ``enter`` reserves what the attempt is expected to meter (``usage.estimate``: the mean of
-the node's last calls in this process) from the backend's rate, and waits for the time that
-amount may start (less a bounded burst: ``limits.paced``); an amount larger than the whole
-window's limit could never start, so the attempt fails at once (``WindowLimitError``, naming
-the limit); ``exit`` corrects the reservation by what the attempt really metered
-(gives back, or takes more), so the next call sees what this one spent.
+the node's last calls in this process) from the limit's rate (``limits.Rate``: the backend's,
+reserved in blocks), and waits for the time that amount may start (less a bounded burst:
+``limits.paced``); an amount larger than the whole window's limit could never start, so the
+attempt fails at once (``WindowLimitError``, naming the limit); ``exit`` corrects the
+reservation by what the attempt really metered (gives back, or takes more), so the next
+call sees what this one spent.
 """
 
 from __future__ import annotations
 
-import time
 from typing import ClassVar
 
 from hypernodes_dist.errors import WindowLimitError
-from hypernodes_dist.policies.backend import RateStore
 from hypernodes_dist.policies.gates.base import Entry
-from hypernodes_dist.policies.limits import amounts, paced
+from hypernodes_dist.policies.limits import Rate, quantity
 from hypernodes_dist.policies.spec import QuantityRate
 from hypernodes_dist.policies.usage import estimate
 
@@ -35,16 +34,15 @@ class QuantityGate:
 
     def __init__(self, node: str, q: QuantityRate, key: str | None = None) -> None:
         self.node, self.quantity, self.q = node, q.quantity, q  # ``node``: whose calls
-        steady, burst = paced(q.count * PACE, q.per)  # are estimated; ``key``: the limit's
-        self.rate: RateStore = amounts(f"{key or node}:{q.quantity}", steady, q.per)  # owner
-        self.tolerance = (burst - 1) * self.rate.interval  # a bounded burst, as calls have
+        # are estimated; ``key``: the limit's owner. A bounded burst, as calls have.
+        self.rate: Rate = quantity(f"{key or node}:{q.quantity}", q.count * PACE, q.per)
         self.reason = f"rate_limit {q.text}"
 
     async def enter(self, entry: Entry) -> float:
         expected = estimate(self.node, self.quantity)
         if expected > self.q.count:
             raise self._too_large(entry, expected)
-        wait = self.rate.reserve(expected) - self.tolerance - time.time()
+        wait = self.rate.reserve(expected)
         entry.keep(self, expected)
         if wait <= 0:
             return 0.0
@@ -64,4 +62,4 @@ class QuantityGate:
     def exit(self, entry: Entry, error: BaseException | None) -> None:
         delta = entry.metered().get(self.quantity, 0.0) - entry.kept_by(self)
         if delta:
-            self.rate.reserve(delta)
+            self.rate.correct(delta)
