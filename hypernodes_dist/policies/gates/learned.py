@@ -78,6 +78,8 @@ class LearnedGate:
     def _probe(self, entry: Entry) -> bool:
         """Whether this call goes alone to learn the limits."""
         learned = self.learned
+        if self.probed:  # (read without the lock: it only ever turns True)
+            return False
         with learned.lock:
             if learned.probing or self.probed:
                 return False
