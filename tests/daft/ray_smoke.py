@@ -1,21 +1,21 @@
-"""Run by test_ray.py in a fresh process: a local Ray, then maps on DaftEngine(runner="ray")
-(in memory, and one dataset map written with ``into=``)."""
+"""Maps on DaftEngine(runner="ray") (in memory, and dataset maps written with ``into=``).
+
+Not collected by the main session (Daft fixes its runner once per process, and that session
+runs Daft natively): ``tests/daft/test_ray_conformance.py`` runs it in the pytest process
+of the conformance suite's ``daft-ray`` variant, over that process's one local Ray."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import tempfile
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import ray
 
 from hypernodes_daft import DaftEngine
 from hypernodes_dist import DiskCache, Graph, node
 from tests.conformance import graphs as G
+from tests.conformance.engines_daft import ray_engine
 
 
 @node(output_name="pid")
@@ -39,45 +39,35 @@ class Heard:
         self.done.append(event.done)
 
 
-def main() -> None:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        engine = DaftEngine(runner="ray", batch_size=3)
-        chain = Graph(G.CHAIN, engine=engine).map({"x": list(range(8))}, map_over="x")
-        stats = Graph(G.STATS, engine=engine).map({"data": [[1, 3], [2, 2, 2]]}, map_over="data")
-        failed = Graph(G.FRAGILE, engine=engine).map(
-            {"x": [1, 3, 5]}, map_over="x", on_error="collect"
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            data = Graph(G.CHAIN, engine=engine).map(
-                source=pa.table({"x": list(range(8))}), into=f"{tmp}/out", select=["c"])
-            rows = data.to_arrow().sort_by("_hn_row")
-            pq.write_table(pa.table({"x": list(range(40))}), f"{tmp}/src.parquet",
-                           row_group_size=10)
-            cached = Graph([pid_of], engine=engine, cache=DiskCache(f"{tmp}/cache"))
-            parts = cached.map(source=f"{tmp}/src.parquet", into=f"{tmp}/pids")
-            pids = set(parts.to_arrow().column("pid").to_pylist())
-            heard, heard_into = Heard(), Heard()
-            Graph([slow], engine=engine, callbacks=[heard]).map(
-                {"x": list(range(60))}, map_over="x")
-            Graph([slow], engine=engine, callbacks=[heard_into]).map(
-                source=pa.table({"x": list(range(60))}), into=f"{tmp}/slow")
-        out = {
-            "progress": heard.done,
-            "progress_into": heard_into.done,
-            "dataset_c": rows.column("c").to_pylist(),
-            "dataset_rows": parts.rows,
-            "parts_in_driver": os.getpid() in pids,
-            "c": [r["c"] for r in chain],
-            "summary": [r["summary"] for r in stats],
-            "status": [r.status for r in failed],
-            "error": type(failed[1].error).__name__,
-            "notes": getattr(failed[1].error, "__notes__", []),
-        }
-    finally:
-        ray.shutdown()
-    json.dump(out, sys.stdout)
+def test_map_on_daft_ray_runner(tmp_path):
+    ray_engine()  # the session's local Ray (started by the first engine of the session)
+    engine = DaftEngine(runner="ray", batch_size=3)
+    chain = Graph(G.CHAIN, engine=engine).map({"x": list(range(8))}, map_over="x")
+    assert [r["c"] for r in chain] == [G.chain_expected(x)["c"] for x in range(8)]
+    stats = Graph(G.STATS, engine=engine).map({"data": [[1, 3], [2, 2, 2]]}, map_over="data")
+    assert [r["summary"] for r in stats] == ["2.0±1.0", "2.0±0.0"]
+    failed = Graph(G.FRAGILE, engine=engine).map({"x": [1, 3, 5]}, map_over="x",
+                                                 on_error="collect")
+    assert [r.status for r in failed] == ["complete", "error", "complete"]
+    assert type(failed[1].error).__name__ == "ItemFailure"
+    assert any("fragile" in n for n in getattr(failed[1].error, "__notes__", []))
+    data = Graph(G.CHAIN, engine=engine).map(
+        source=pa.table({"x": list(range(8))}), into=tmp_path / "out", select=["c"])
+    assert data.to_arrow().sort_by("_hn_row").column("c").to_pylist() == [r["c"] for r in chain]
 
 
-if __name__ == "__main__":
-    main()
+def test_dataset_parts_run_as_ray_tasks_and_progress_comes_from_the_workers(tmp_path):
+    ray_engine()
+    engine = DaftEngine(runner="ray", batch_size=3)
+    pq.write_table(pa.table({"x": list(range(40))}), tmp_path / "src.parquet",
+                   row_group_size=10)
+    cached = Graph([pid_of], engine=engine, cache=DiskCache(tmp_path / "cache"))
+    parts = cached.map(source=str(tmp_path / "src.parquet"), into=tmp_path / "pids")
+    assert parts.rows == 40
+    assert os.getpid() not in set(parts.to_arrow().column("pid").to_pylist())  # Ray tasks did it
+    heard, heard_into = Heard(), Heard()
+    Graph([slow], engine=engine, callbacks=[heard]).map({"x": list(range(60))}, map_over="x")
+    Graph([slow], engine=engine, callbacks=[heard_into]).map(
+        source=pa.table({"x": list(range(60))}), into=tmp_path / "slow")
+    for done in (heard.done, heard_into.done):  # counts from the Ray workers
+        assert done[-1] == 60 and done == sorted(done) and len(set(done)) >= 4, done

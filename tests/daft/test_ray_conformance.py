@@ -1,8 +1,9 @@
-"""The conformance suite's limit, usage, budget and signal modules on Daft on Ray.
+"""The conformance suite's limit, usage, budget and signal modules on Daft on Ray, and the
+Ray runner's own maps (``tests/daft/ray_smoke.py``).
 
 Daft fixes its runner once per process and this session runs Daft natively, so the
 ``daft-ray`` variant (``tests/conformance/engines_daft.py``) runs in a pytest process of
-its own over one local Ray for all its tests."""
+its own over one local Ray for all its tests: one Ray start for all of them."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ pytestmark = [
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOKE = "ray_smoke"  # a module of Ray-runner maps, run in the same Ray session
 
 
 @pytest.mark.timeout(900)  # a whole pytest run on Ray in a subprocess (147 s loaded)
@@ -32,11 +34,14 @@ def test_conformance_limits_usage_budgets_and_signals_on_daft_ray():
                RAY_AUTH_MODE="disabled", RAY_worker_niceness="0")
     modules = [f"tests/conformance/{m}.py" for m in RAY_MODULES]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "-k", "daft-ray", *modules],
+        [sys.executable, "-m", "pytest", "-q", "-rp", "-p", "no:cacheprovider", "-p",
+         "no:xdist", "--reruns", "1",  # as make test: a flaky test again, not the whole run
+         "-k", f"daft-ray or {SMOKE}", *modules, f"tests/daft/{SMOKE}.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = proc.stdout[-4000:]
     assert proc.returncode == 0, tail
     passed = re.search(r"(\d+) passed", tail)
-    assert passed and int(passed.group(1)) >= 25, tail  # every module ran on Daft on Ray
+    assert passed and int(passed.group(1)) >= 27, tail  # every module ran on Daft on Ray
     assert "failed" not in tail.splitlines()[-1], tail
+    ran = re.findall(rf"PASSED tests/daft/{SMOKE}\.py::(\w+)", proc.stdout)
+    assert len(ran) == 2, tail  # the Ray runner's own maps
