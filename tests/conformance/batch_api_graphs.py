@@ -6,7 +6,6 @@ an online twin (the same code, ``batch_api=False``) whose answers the batch path
 
 from __future__ import annotations
 
-import anthropic
 import openai
 
 from hypernodes_dist import branch, in_batch_api, meter, node, resource
@@ -24,6 +23,10 @@ def oa_sync(base_url: str):
 
 @resource
 def claude(anthropic_url: str):
+    # imported where the client is built: ``anthropic`` costs ~1.4 CPU s to import, paid
+    # otherwise by every process importing these nodes (the openai jobs of the kill tests,
+    # their Dask worker processes, every xdist worker)
+    import anthropic
     return anthropic.Anthropic(base_url=anthropic_url, api_key="x", max_retries=0,
                                timeout=10.0)
 
