@@ -1,7 +1,8 @@
 """A recording client looks a call up from the options the client builds its request from:
 the request it records is the one the client would send (digest over the canonical form of
 the bytes it sends, as read at the HTTP layer), and an answered call still comes back as the
-client's own type or its own error. Real ``openai``/``anthropic`` clients; nothing is sent."""
+client's own type or its own error. Real ``openai``/``anthropic`` clients; nothing is sent,
+but to the loopback fake provider at the end (a node's rate turns)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import anthropic
 import openai
 import pytest
 
+from hypernodes_dist import DiskCache, Graph, node, resource
 from hypernodes_dist.batchapi.identity import canonical_body, request_digest
 from hypernodes_dist.batchapi.recording import (
     Answer,
@@ -24,6 +26,7 @@ from hypernodes_dist.batchapi.recording import (
     recording_client,
 )
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
+from hypernodes_dist.run.batchmap import POLL_ENV
 
 URL = "http://127.0.0.1:9/v1"   # nothing listens: a call that went out would fail
 MSGS = [{"role": "user", "content": "héllo"}]
@@ -111,3 +114,44 @@ def test_an_answered_call_is_the_clients_own_type_or_error(tmp_path):
         _call(copy, bad)
     with pytest.raises(UnbatchableCall, match="with_raw_response"):
         copy.chat.completions.with_raw_response.create(**ok)
+
+
+# -- a recorded or answered call takes no network turn; a call sent online does --------------
+@resource
+def paced_client(base_url: str):
+    return openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=10.0)
+
+
+def _ask(text: str, paced_client) -> str:
+    r = paced_client.chat.completions.create(model="gpt-4o-mini",
+                                             messages=[{"role": "user", "content": text}])
+    return r.choices[0].message.content
+
+
+class _Throttles:
+    def __init__(self) -> None:
+        self.waits: list[str] = []
+
+    def on_policy(self, event) -> None:
+        if event.kind == "throttle":
+            self.waits.append(event.reason)
+
+
+@pytest.mark.parametrize("online_after", [None, 0.3])
+def test_only_a_call_sent_online_takes_a_rate_turn(batch_fake, tmp_path, monkeypatch,
+                                                   online_after):
+    """``rate_limit`` is the provider's online limit: a call recorded for a batch or answered
+    by one never reaches the network and waits for no turn; ``online_after``'s calls do."""
+    monkeypatch.setenv(POLL_ENV, "0.05")
+    options = {} if online_after is None else {"online_after": online_after}
+    paced = node(output_name="label", batch_api=True, rate_limit="1/s", **options)(_ask)
+    seen = _Throttles()
+    texts = [f"paced {i}" for i in range(8)]
+    if online_after is not None:
+        batch_fake.configure(delay=60.0)  # nothing answered in time: every line goes online
+    graph = Graph([paced_client, paced], cache=DiskCache(tmp_path / "c"), callbacks=[seen])
+    res = graph.map({"text": texts, "base_url": batch_fake.base_url}, map_over="text")
+    assert not res.errors and res.pending == 0 and len(res.column("label")) == 8
+    online = batch_fake.stats()["online_requests"]
+    assert online == (0 if online_after is None else 8)
+    assert bool(seen.waits) == bool(online)  # 8 online calls at 1/s wait for their turns

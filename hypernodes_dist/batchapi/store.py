@@ -271,6 +271,7 @@ class AnswerStore:
         self.folder = Path(folder) / "answers"
         self._index: dict[str, int] = {}   # digest -> _loc(file number, offset, length)
         self._refused: set[str] = set()    # digests whose answer is a budget refusal
+        self.online = False                # some answer is ONLINE (online_after): send it
         self._paths: list[Path] = []       # by file number
         self._loaded: dict[str, int] = {}  # file name -> its number
         self._fds = _Fds()
@@ -307,6 +308,12 @@ class AnswerStore:
             return None
         obj = json.loads(self._line(loc))
         return Answer(obj["s"], obj["b"])
+
+    def sends_online(self) -> bool:
+        """Whether some request is to be sent online (``online_after``), the folder read
+        again first: until then no call of the map reaches the network."""
+        self._refresh()
+        return self.online
 
     def raw(self, digest: str) -> Answer | None:
         """``get`` with the body left as its JSON bytes (a replayed call hands them to the
@@ -350,6 +357,7 @@ class AnswerStore:
             paths = sorted(self.folder.glob("*.jsonl"))
             if set(self._loaded) - {p.name for p in paths}:  # files dropped: read anew
                 self._index, self._refused, self._paths, self._loaded = {}, set(), [], {}
+                self.online = False
                 self._fds.close()
             for path in paths:
                 if path.name not in self._loaded:
@@ -379,6 +387,7 @@ class AnswerStore:
             obj = json.loads(raw)
             digest, status = obj["d"], obj["s"]
         self._index[digest] = (offset << 64) | (len(raw) << 24) | number
+        self.online = self.online or status == 0
         if status == REFUSED:
             self._refused.add(digest)
         else:
@@ -423,6 +432,7 @@ class AnswerWriter:
                 store._fds.forget(path)
             number = store._number(path)
             for digest, status, offset, length in self.lines:
+                store.online = store.online or status == 0
                 store._index[digest] = (offset << 64) | (length << 24) | number
                 (store._refused.add if status == REFUSED else store._refused.discard)(digest)
 

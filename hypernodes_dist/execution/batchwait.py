@@ -7,6 +7,8 @@ batch's calls. In a ``batch_api=True`` node (``resources/bind.py``) each client 
 made once per process, client and folder: its calls append to the folder's ``RequestLog``
 and read the ``AnswerStore``. ``outcome(exc, node)`` turns the signals a call raised into
 what the executor keeps: ``WaitingForBatch`` (the item waits), or the item's error.
+``batch_gates(gates)`` are a ``batch_api`` node's gates: its network gates taken only by an
+attempt that may reach the network.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import functools
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from hypernodes_dist.batchapi import SUPPORTED
 from hypernodes_dist.batchapi.recording import (
@@ -27,8 +29,9 @@ from hypernodes_dist.batchapi.recording import (
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
 from hypernodes_dist.errors import WaitingForBatch
 from hypernodes_dist.perprocess import Memo
+from hypernodes_dist.policies.gates import BudgetGate, Entry, Gate
 
-__all__ = ["BatchLink", "LINK", "swap_clients", "outcome"]
+__all__ = ["BatchLink", "LINK", "swap_clients", "outcome", "batch_gates"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +96,45 @@ def outcome(exc: BaseException, node: str) -> BaseException:
     if isinstance(exc, BudgetRefusal):
         return exc.error()
     return exc
+
+
+def batch_gates(gates: tuple[Gate, ...]) -> tuple[Gate, ...]:
+    """A ``batch_api`` node's gates: each network gate (hold-off, concurrency, rate,
+    quantities, learned limits) taken only by an attempt that may reach the network; the
+    budget's as they are (it counts what the calls metered)."""
+    # a _WhenOnline carries its gate's holds/meters per instance (Gate declares them per class)
+    return tuple(g if isinstance(g, BudgetGate) else cast(Gate, _WhenOnline(g)) for g in gates)
+
+
+class _WhenOnline:
+    """A network gate of a ``batch_api`` node, entered only while the map's answers hold a
+    request to send online (``online_after``): until then each of the node's calls is
+    recorded or answered from a batch, none reaches the network, so none takes a turn (a
+    concurrency unit, a rate turn, a hold-off's wait). No map (``run()``): always."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self.holds, self.meters = gate.holds, gate.meters
+
+    async def enter(self, entry: Entry) -> float:
+        if not _may_go_online(entry):
+            return 0.0
+        entry.keep(self, True)
+        return await self.gate.enter(entry)
+
+    def exit(self, entry: Entry, error: BaseException | None) -> None:
+        if entry.kept_by(self):
+            self.gate.exit(entry, error)
+
+
+_ONLINE = object()  # an attempt's ``Entry.keep`` key: whether it may reach the network
+
+
+def _may_go_online(entry: Entry) -> bool:
+    """Whether this attempt may reach the network (asked once per attempt)."""
+    known = entry.kept_by(_ONLINE)
+    if known is None:
+        link = LINK.get()
+        known = link is None or link.stores()[1].sends_online()
+        entry.keep(_ONLINE, known)
+    return bool(known)

@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from hypernodes_dist.events import PolicyEvent
+from hypernodes_dist.execution.batchwait import batch_gates
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.policies.budget import Budget
@@ -111,8 +112,10 @@ class Guard:
         self.policy: Policy = node.policy or Policy(node.name)
         self.report = report
         self.meters = bool(node.meters)
-        self.gates: tuple[Gate, ...] = gates_for(self.policy, budget if self.meters else None,
-                                                 checks=not getattr(node, "batch_api", False))
+        batch_api = getattr(node, "batch_api", False)
+        gates = gates_for(self.policy, budget if self.meters else None, checks=not batch_api)
+        # a batch_api node's network gates: taken only by an attempt that may go online
+        self.gates: tuple[Gate, ...] = batch_gates(gates) if batch_api else gates
         self.gauges = any(g.meters for g in self.gates)  # some gate reads what a call metered
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)
