@@ -3,7 +3,7 @@
 - In process, on every engine variant of the ``engine`` fixture: a map into ``into=``
   runs each row's nodes once (the rows computed to fix the output types included), and a
   fast map writes no more files than it has parts (plus the type-fixing rows' file).
-- With a real SIGKILL (a driver subprocess, this module run with ``-m``, its whole
+- With a real SIGKILL (a driver subprocess, ``durability_job.py``, its whole
   process group killed; Dask workers and Daft threads die with it): every row that
   finished more than ``commit_seconds`` (plus a scheduling allowance) before the kill is
   in a complete Parquet file of ``into=``, no row ran twice, and the rerun computes
@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,6 +42,7 @@ from hypernodes_dist.errors import BudgetExceededError
 from . import ctrl_c_graphs as C
 from . import dataset_graphs as D
 from . import usage_graphs as U
+from .durability_job import Killed, one_part
 from .engines import all_engines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,10 +56,7 @@ def _engines() -> dict:
     inside a Dask worker process (the fixture's Dask variants have 7-row parts)."""
     found = dict(all_engines())
     if "dask-processes" in found:
-        from hypernodes_dask import DaskEngine
-
-        found["dask-processes-one-part"] = lambda: DaskEngine(scheduler="processes",
-                                                              num_workers=2)
+        found["dask-processes-one-part"] = one_part
     return found
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and killpg")
@@ -171,21 +169,6 @@ def test_ctrl_c_before_the_first_row_then_a_rerun_in_the_same_process(engine, se
 # ------------------------------------------------------------------ SIGKILL
 
 
-@dataclass(frozen=True)
-class Killed:
-    """One SIGKILL case: the rows, how long each takes, the map's ``commit_seconds``, and
-    whether rows are concurrent async calls (as paid API calls are)."""
-
-    n: int
-    delay: float
-    commit: float
-    calls: bool = False
-
-    @property
-    def node(self):
-        return D.timed_call if self.calls else D.timed_square
-
-
 FAST = Killed(400, 0.01, 0.5)
 PAID = Killed(3000, 0.06, 2.0, calls=True)  # ~6 s of work; a file every ~1 s at most
 CASES = [(e, FAST) for e in KILLED] + [
@@ -196,7 +179,7 @@ def _start(engine_id: str, tmp: Path, logs: Path, case: Killed) -> subprocess.Po
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.conformance.test_dataset_durability", engine_id,
+        [sys.executable, "-m", "tests.conformance.durability_job", engine_id,
          str(tmp / "src.parquet"), str(tmp / "out"), str(logs), json.dumps(asdict(case))],
         cwd=ROOT, env=env, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -263,23 +246,3 @@ def test_sigkill_loses_at_most_the_last_commit_seconds_and_rerun_computes_the_re
     print(f"\n{engine_id} commit_seconds={case.commit:g}: {len(kept)} rows in files at the kill "
           f"({len(old)} finished over {bound}s before it), {len(set(rows1) - kept)} finished "
           f"rows lost, {len(names)} files in the end")
-
-
-def drive(argv: list[str]) -> None:
-    """The driver: ``ENGINE_ID SOURCE INTO LOG_DIR CASE``; prints ``rows=N`` when done."""
-    engine_id, source, into, log_dir, case_json = argv
-    case = Killed(**json.loads(case_json))
-    engine = _engines()[engine_id]()
-    try:
-        res = Graph([case.node], engine=engine).map(
-            source=source, inputs={"log_dir": log_dir, "delay": case.delay}, into=into,
-            commit_seconds=case.commit)
-        print(f"rows={res.rows}", flush=True)
-    finally:
-        engine.close()
-
-
-if __name__ == "__main__":  # nodes come from importable modules, not __main__
-    from tests.conformance.test_dataset_durability import drive as _drive
-
-    _drive(sys.argv[1:])
