@@ -11,8 +11,9 @@ import openai
 import pytest
 
 from hypernodes_bench.batch_server import BatchServer
-from hypernodes_dist.batchapi import BatchNotFoundError, UnsupportedClientError
+from hypernodes_dist.batchapi import BatchNotFoundError, OpenAIBatches, UnsupportedClientError
 from hypernodes_dist.batchapi.recording import BatchWait, recording_client
+from hypernodes_dist.batchapi.transport import FileLimits
 from hypernodes_dist.run.batchloop import Backoff, BatchLoop, batch_folder, transports_for
 
 FAST = Backoff(first=0.05, factor=1.5, most=0.5)
@@ -107,3 +108,44 @@ def test_a_lost_batch_stops_the_loop_naming_it(fake, tmp_path):
     with pytest.raises(BatchNotFoundError, match="batch_other_key") as err:
         again.run(Rows(again, clients, ["x"]))
     assert "resubmit-lost" in err.value.__notes__[0]
+
+
+def test_batches_ending_one_by_one_run_the_rows_a_few_times_not_once_per_batch(fake,
+                                                                                  tmp_path):
+    """8 batches of 5 lines, the provider ending one each time the loop reports progress: a
+    round runs the waiting rows again once answers cover half the lines running, so the
+    rows run a few times (the waiting lines halve each round), not once per ended batch
+    with every waiting row recorded again (before: 6 rounds, 160 row runs)."""
+    fake.configure(delay=3600)  # a batch ends only when the test says so
+    client = openai.OpenAI(base_url=fake.base_url, api_key="x", max_retries=0)
+    transport = OpenAIBatches(client, "m", limits=FileLimits(5, 10**9, one_model=True))
+    loop = BatchLoop(tmp_path, {"gpt": transport}, backoff=FAST)
+    gpt = recording_client(client, loop.answers, loop.recorder("gpt"))
+    texts, out, calls = [f"row {i}" for i in range(40)], {}, [0]
+
+    def end_one(_summary: Any) -> None:
+        running = [b.id for b in client.batches.list(limit=100) if b.status == "in_progress"]
+        if running:
+            fake.complete(running[-1:])
+
+    def run_rows() -> int:
+        for i, text in enumerate(texts):
+            if i not in out:
+                calls[0] += 1
+                try:
+                    out[i] = gpt.chat.completions.create(
+                        model="gpt-4o-mini", messages=[{"role": "user", "content": text}])
+                except BatchWait:
+                    pass
+        return len(texts) - len(out)
+
+    loop.on_change = end_one
+    runs = [0]
+
+    def counted() -> int:
+        runs[0] += 1
+        return run_rows()
+
+    assert loop.run(counted) == 0 and len(out) == 40
+    assert runs[0] <= 5 and calls[0] <= 3 * 40
+    assert all(received == 1 for received, _ in fake.counts().values())

@@ -83,7 +83,7 @@ class DriverCounts:
     lines_online: int = 0
     lines_failed: int = 0   # answered with an error (4xx)
     lines_given_up: int = 0  # failed with no answer after the attempts (the last error's)
-    answer_files: int = 0   # answer files written with at least one answer (rows may go on)
+    answers: int = 0  # answers written (lines answered, failed, given up, online, refused)
 
 
 def _digest(custom_id: str) -> str:
@@ -177,8 +177,7 @@ class BatchDriver:
 
     def _put(self, name: str, answers: list[tuple[str, Answer]]) -> None:
         self.answers.put(name, answers)
-        if answers:
-            self.counts.answer_files += 1
+        self.counts.answers += len(answers)
 
     # -- submitting -------------------------------------------------------------------
     async def submit(self, requests: Iterable[Request]) -> int:
@@ -334,7 +333,7 @@ class BatchDriver:
                 self.again = True
         self.counts.lines_answered += answered
         self.counts.lines_failed += failed
-        self.counts.answer_files += out.n > 0
+        self.counts.answers += out.n
         state.state, state.counted = "done", not state.cancelled  # the user's cancel: no try
         self.ledger.write("done", fid=state.fid, answered=out.n, seen=len(seen),
                           counted=state.counted)

@@ -176,9 +176,7 @@ class BatchLoop:
         kept in memory between two submits)."""
         starting = getattr(self._reserve, "round", None)
         if starting is not None:
-            starting(sum(d.counts.lines_answered for d in self.drivers.values()),
-                     sum(len(f.digests) for d in self.drivers.values()
-                         for f in d.files.values() if f.state == "submitted"))
+            starting(sum(d.counts.lines_answered for d in self.drivers.values()), self._live())
         sent = sum([await d.submit(self.log.requests(name)) for name, d in self.drivers.items()])
         unknown = sorted(self.log.sources - set(self.drivers))
         if unknown:
@@ -195,9 +193,12 @@ class BatchLoop:
 
     def _wait_for_answers(self, until_submitted: bool = False) -> None:
         """Poll (with back-off, from the start when a batch ends) and submit again what
-        needs it, until answers arrive for the rows (``until_submitted``: until no file is
-        held back by the queue limit), the user cancels, or nothing is left to wait for."""
-        delay, written = self.backoff.first, self._answer_files()
+        needs it, until answers arrived for at least half of the lines running when it
+        began (``until_submitted``: until no file is held back by the queue limit), the user
+        cancels, or nothing is left to wait for. Half, not any: each round runs every
+        waiting row again, so a map whose batches end one by one runs its rows a few times
+        in all (the waiting lines at least halve each round), not once per batch."""
+        delay, answered, live = self.backoff.first, self._answers(), self._live()
         while not (until_submitted and not self.held):
             if run_sync(self._poll()):
                 delay = self.backoff.first
@@ -208,7 +209,7 @@ class BatchLoop:
                 return
             if until_submitted and not self.held:
                 return
-            if not until_submitted and self._answer_files() != written:
+            if not until_submitted and 2 * (self._answers() - answered) >= max(1, live):
                 return
             time.sleep(delay)
             delay = min(delay * self.backoff.factor, self.backoff.most)
@@ -218,5 +219,11 @@ class BatchLoop:
         """Files held back by a provider's queue limit, to be submitted later."""
         return any(d.held for d in self.drivers.values())
 
-    def _answer_files(self) -> int:
-        return sum(d.counts.answer_files for d in self.drivers.values())
+    def _answers(self) -> int:
+        """Answers written so far (a row waiting for one of them may go on)."""
+        return sum(d.counts.answers for d in self.drivers.values())
+
+    def _live(self) -> int:
+        """Lines in batches running at the provider."""
+        return sum(len(f.digests) for d in self.drivers.values() for f in d.files.values()
+                   if f.state == "submitted")
