@@ -385,8 +385,8 @@ def test_a_registered_backend_replaces_the_machine_backend(monkeypatch):
             used.append(("rate", k))
             return time.time()
 
-    class Backend:
-        name, directory = "fake", "here"
+    class Backend:  # a directory of its own: a rerun in this process gets fresh limiters
+        name, directory = "fake", f"here-{time.monotonic_ns()}"
 
         def semaphore(self, key, n):
             raise AssertionError("no concurrency here")
@@ -394,7 +394,8 @@ def test_a_registered_backend_replaces_the_machine_backend(monkeypatch):
         def rate(self, key, count, per):
             return Rate()
 
-    monkeypatch.setattr(limits, "_PROBES", [lambda: Backend()])
+    fake = Backend()
+    monkeypatch.setattr(limits, "_PROBES", [lambda: fake])
 
     @node(output_name="y", rate_limit="1/day", name="fake_backend_node")
     def rated(x):
