@@ -3,11 +3,15 @@ the graph is built and when the map starts (before anything runs)."""
 
 from __future__ import annotations
 
+import shutil
+
+import pyarrow.dataset as ds
 import pytest
 
 from hypernodes_dist import DiskCache, Graph, node, resource
 from hypernodes_dist.batchapi import UnsupportedClientError
 from hypernodes_dist.errors import GraphBuildError
+from tests.conformance.batch_api_graphs import label_async, oa_async
 
 
 @resource
@@ -55,3 +59,19 @@ def test_the_map_checks_its_folder_and_clients_before_anything_runs(tmp_path):
         graph.map({"text": ["a"]}, map_over="text")
     assert ran == []
     assert node(_f, output_name="y", batch_api=True, online_after=90).online_after == 90.0
+
+
+def test_a_map_run_again_after_its_folder_is_deleted_starts_afresh(batch_fake, tmp_path):
+    """The same process, the same into= folder deleted between two runs: the second run
+    records, submits and writes every row again (as a new process would), instead of
+    reading answers its process still indexed from files that are gone."""
+    graph = Graph([oa_async, label_async])
+    texts = [f"afresh {i}" for i in range(12)]
+    out = tmp_path / "out"
+    for run in (1, 2):
+        res = graph.map({"base_url": batch_fake.base_url, "text": texts}, map_over="text",
+                        into=str(out))
+        assert res.rows == 12 and ds.dataset(out).count_rows() == 12
+        assert {r for r, _ in batch_fake.counts().values()} == {run}
+        if run == 1:
+            shutil.rmtree(out)

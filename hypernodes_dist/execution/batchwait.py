@@ -36,19 +36,25 @@ __all__ = ["BatchLink", "LINK", "swap_clients", "outcome", "batch_gates"]
 
 @dataclass(frozen=True)
 class BatchLink:
-    """The map's batch folder, as every worker reaches it."""
+    """The map's batch folder, as every worker reaches it; ``run``: this run of the map
+    (each run reads the folder anew in every process: a folder deleted between two runs
+    serves no answer it no longer holds)."""
 
     folder: str
+    run: str = ""
 
     def stores(self) -> tuple[RequestLog, AnswerStore]:
-        """This process's request log and answer store of the folder (made once)."""
-        return _STORES.get(self.folder, lambda: (RequestLog(self.folder),
-                                                 AnswerStore(self.folder)))
+        """This process's request log and answer store of the folder for this run (made
+        once; a process keeps those of its last few runs: a notebook running map after map
+        holds no answer index of the earlier ones)."""
+        return _STORES.get((self.folder, self.run), lambda: (RequestLog(self.folder),
+                                                             AnswerStore(self.folder)))
 
 
 LINK: ContextVar[BatchLink | None] = ContextVar("hn_batch_link", default=None)
-_STORES: Memo[tuple[RequestLog, AnswerStore]] = Memo("execution.batchwait.stores")
-_COPIES: Memo[tuple[Any, Any]] = Memo("execution.batchwait.copies")
+_STORES: Memo[tuple[RequestLog, AnswerStore]] = Memo("execution.batchwait.stores", keep=4)
+# the recording copies hold their run's stores: as few kept
+_COPIES: Memo[tuple[Any, Any]] = Memo("execution.batchwait.copies", keep=32)
 
 
 def supported(client: Any) -> bool:
@@ -75,7 +81,7 @@ def swap_clients(built: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
     for p in names:
         client = out[p]
         if supported(client):
-            out[p] = _COPIES.get((link.folder, p, id(client)),
+            out[p] = _COPIES.get((link, p, id(client)),
                                  functools.partial(_copy, client, answers, log, p))[1]
     return out
 

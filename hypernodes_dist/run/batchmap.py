@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -87,7 +88,7 @@ def open_loop(plan: Plan, settings: BatchSettings, broadcast: Mapping[str, Any],
         transports.update(transports_for(clients, map_id, node.name))
         owners.update({r: node.name for r in clients if r not in owners})
     online = [n.online_after for n in nodes if n.online_after is not None]
-    link = BatchLink(os.path.abspath(folder))  # workers may run elsewhere
+    link = BatchLink(os.path.abspath(folder), uuid.uuid4().hex)  # workers may run elsewhere
     # the loop reads and writes this process's stores of the folder, which the workers
     # running here read too: one answer index in the driver's process, not two
     loop = BatchLoop(folder, transports,
