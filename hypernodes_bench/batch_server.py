@@ -39,7 +39,8 @@ them, as ``llm_server``; ``headers=False``: no ``x-ratelimit-*`` headers, only 4
 (``batch_answers``). ``stats()`` counts requests, lines by outcome, tokens and cost;
 ``counts()`` gives, per ``request_key``, ``[received, answered]`` over both paths (answered:
 a 2xx or a 4xx other than 429 — what the client keeps); ``complete(ids)`` ends running
-batches now (a test's "the provider has answered", with no clock).
+batches now, one still validating once it is validated (a test's "the provider has
+answered", with no clock).
 """
 
 from __future__ import annotations
@@ -417,8 +418,10 @@ class OnlineRoutes:
 def _admin(app: web.Application, store: Store, batches: Batches) -> None:
     async def complete(request: web.Request) -> web.Response:
         ids = (await request.json()).get("ids")
-        done = [rec for rec in store.batches.values() if rec.status == "in_progress"
-                and (ids is None or rec.id in ids)]
+        asked = [rec for rec in store.batches.values() if ids is None or rec.id in ids]
+        while any(rec.status == "validating" for rec in asked):  # a batch just created
+            await asyncio.sleep(0.005)  # is validated first (``validate_delay``)
+        done = [rec for rec in asked if rec.status == "in_progress"]
         for rec in done:
             batches.end(rec, "completed")
         while any(rec.status in RUNNING for rec in done):  # until their results are written
