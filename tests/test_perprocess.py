@@ -26,7 +26,8 @@ CORE = {"policies.limits", "policies.machine", "policies.gates", "policies.learn
         "policies.usage.estimates", "policies.usage.quantities", "policies.stats",
         "resources", "execution.syncio", "execution.batching", "execution.context.worker",
         "execution.progress.local", "execution.progress.tickers", "engines.channels.sender",
-        "execution.batchwait.stores", "execution.batchwait.copies"}
+        "execution.batchwait.stores", "execution.batchwait.copies",
+        "execution.batchwait.supported"}
 
 
 def test_every_per_process_registry_is_in_process() -> None:

@@ -138,6 +138,11 @@ class answered_scope:  # noqa: N801 - used as a context manager
         _ANSWERED.reset(self._token)
 
 
+def _endpoint_of(path: str) -> str | None:
+    """The batch endpoint a client's path posts to (its end), or None: no Batch API."""
+    return next((e for end, e in _ENDPOINTS.items() if path.endswith(end)), None)
+
+
 def batch_endpoint(request: Any) -> tuple[str, dict[str, Any]]:
     """The batch endpoint and JSON body of an HTTP request (``httpx``/``httpx2``), or
     ``UnbatchableCall`` naming it."""
@@ -145,7 +150,7 @@ def batch_endpoint(request: Any) -> tuple[str, dict[str, Any]]:
     what = f"{request.method} {path}"
     if request.headers.get(_RAW, "").lower() == "true":
         raise UnbatchableCall(f"{what} with with_raw_response")
-    endpoint = next((e for end, e in _ENDPOINTS.items() if path.endswith(end)), None)
+    endpoint = _endpoint_of(path)
     if request.method != "POST" or endpoint is None:
         raise UnbatchableCall(what)
     try:
@@ -342,7 +347,7 @@ class _BuildLookup:
         if headers and any(k.lower() in _HEADERS_APART for k in headers):
             return None
         path = options.url.partition("?")[0].rstrip("/")
-        endpoint = next((e for end, e in _ENDPOINTS.items() if path.endswith(end)), None)
+        endpoint = _endpoint_of(path)
         body, extra = options.json_data, options.extra_json
         if extra is not None:
             body = extra if body is None else self.merge(body, extra) if isinstance(

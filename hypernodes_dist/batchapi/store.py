@@ -261,6 +261,12 @@ def apply_event(state: FileState, ev: Mapping[str, Any]) -> None:
         state.why = ev.get("why", "") or state.why
 
 
+def _parsed(raw: bytes) -> Answer:
+    """An answer line (``{"d":..., "s":..., "b":...}``) as its ``Answer``."""
+    obj = json.loads(raw)
+    return Answer(obj["s"], obj["b"])
+
+
 class AnswerStore:
     """The provider's answers by request digest (``folder/answers/``).
 
@@ -304,10 +310,7 @@ class AnswerStore:
         # a miss, or a budget refusal (a rerun drops them), reads new answer files first
         if (loc is None or digest in self._refused) and self._refresh():
             loc = self._index.get(digest)
-        if loc is None:
-            return None
-        obj = json.loads(self._line(loc))
-        return Answer(obj["s"], obj["b"])
+        return None if loc is None else _parsed(self._line(loc))
 
     def sends_online(self) -> bool:
         """Whether some request is to be sent online (``online_after``), the folder read
@@ -325,8 +328,7 @@ class AnswerStore:
             end = raw.index(b",", 44)
             if raw[end:end + 5] == b',"b":':
                 return Answer(int(raw[44:end]), raw[end + 5:-2])
-        obj = json.loads(raw)
-        return Answer(obj["s"], obj["b"])
+        return _parsed(raw)
 
     def _line(self, loc: int) -> bytes:
         return self._fds.read(self._paths[loc & _FILE_MASK], loc >> 64, (loc >> 24) & _LEN_MASK)

@@ -60,14 +60,10 @@ _COPIES: Memo[tuple[Any, Any]] = Memo("execution.batchwait.copies", keep=32)
 def supported(client: Any) -> bool:
     """Whether a Batch API transport carries ``client``'s calls (asked once per type: a
     transport recognizes a client by its class)."""
-    kind = type(client)
-    known = _SUPPORTED.get(kind)
-    if known is None:
-        known = _SUPPORTED[kind] = any(t.supports(client) for t in SUPPORTED)
-    return known
+    return _SUPPORTED.get((type(client),), lambda: any(t.supports(client) for t in SUPPORTED))
 
 
-_SUPPORTED: dict[type, bool] = {}
+_SUPPORTED: Memo[bool] = Memo("execution.batchwait.supported")
 
 
 def swap_clients(built: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
