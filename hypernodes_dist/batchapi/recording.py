@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, NamedTuple, Protocol
 
+from hypernodes_dist.batchapi import fastcalls
 from hypernodes_dist.batchapi.identity import Canonical, canonical_body, digest_of
 from hypernodes_dist.errors import BudgetExceededError
 
@@ -169,7 +170,6 @@ _LOOKED_UP = "hn_batch_answer"  # a request's extension: its answer, looked up a
 # options headers that change what is sent or returned: such a call is read at the HTTP layer
 _HEADERS_APART = frozenset({_RAW, "____stainless_override_cast_to", "content-type"})
 _OPTIONS = {"method", "url", "headers", "files", "content", "json_data", "extra_json"}
-_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _json(body: Any) -> Any:
@@ -259,6 +259,7 @@ def recording_client(client: Any, answers: AnswerLookup, record: Record) -> Any:
                 "self", "request", "stream", "kwargs"]:
             copy._send_request = _answered_send(copy._send_request, transport,
                                                 inspect.iscoroutinefunction(send))
+        fastcalls.install(copy, transport)  # known create methods: no SDK preamble to record
     return copy
 
 
@@ -320,10 +321,14 @@ class _BuildLookup:
         self.urls: dict[str, Any] = {}
 
     def __call__(self, options: Any, *, retries_taken: int = 0) -> Any:
-        found = self.batchable(options)
-        if found is None:
-            return self.build(options, retries_taken=retries_taken)
-        answer = self.transport.lookup(*found)
+        if fastcalls.capturing():  # the fast path's self-check: what this call's body is
+            raise fastcalls.Captured(self.batchable(options))
+        answer = fastcalls.take_passed()  # looked up already, by the fast path (fastcalls.py)
+        if answer is None:
+            found = self.batchable(options)
+            if found is None:
+                return self.build(options, retries_taken=retries_taken)
+            answer = self.transport.lookup(*found)
         if answer is not ONLINE and 200 <= answer.status < 300:
             request = self.bare(options.url)  # only its answer is read: no headers, no body
         else:  # sent online, or the client's error: the request it would send
@@ -353,25 +358,10 @@ class _BuildLookup:
             body = extra if body is None else self.merge(body, extra) if isinstance(
                 body, Mapping) else None
         if endpoint is None or type(body) is not dict or body.get("stream") \
-                or not _plain(body):
+                or not fastcalls.plain(body):
             return None
         try:
             return endpoint, Canonical(body, canonical_body(body))
         except ValueError:  # NaN, a lone surrogate: as the client fails it
             return None
 
-
-def _plain(value: Any) -> bool:
-    """Whether ``value`` holds only dicts with string keys, lists and JSON scalars: then its
-    canonical bytes equal those of the JSON the client sends, parsed (an int key would sort
-    apart from its string; a datetime, a model, a dict subclass are the client's to encode)."""
-    kind = type(value)
-    if kind is dict:
-        if not all(type(k) is str for k in value):
-            return False
-        values: Any = value.values()
-    elif kind is list or kind is tuple:
-        values = value
-    else:
-        return kind in _SCALARS
-    return all(type(v) in _SCALARS or _plain(v) for v in values)

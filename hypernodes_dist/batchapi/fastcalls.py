@@ -1,0 +1,351 @@
+"""Known clients' ``create`` methods, their request body computed from the call's arguments.
+
+A ``batch_api=True`` node runs its code twice per row: the record pass (the request is
+recorded, ``BatchWait`` raised) and the replay pass (answered from the batch). On the record
+pass the SDK's request preamble (``maybe_transform`` over its TypedDicts, the request
+options, the request loop) is pure cost. For the methods in ``KNOWN`` (``openai`` chat
+completions, embeddings, responses; ``anthropic`` messages, sync and async) the recording
+copy's resource objects get a per-instance ``create`` that builds the body the SDK would
+send straight from the keyword arguments: the given params (``NotGiven``/``Omit`` dropped),
+the SDK's own defaults (openai embeddings: ``encoding_format="base64"``), ``extra_body``
+merged over them as the SDK merges it. A call of plain JSON values is then looked up:
+not answered, it is recorded and ``BatchWait`` raised with no SDK work at all; answered (or
+sent online), the SDK's own ``create`` runs as before, so the client builds its own
+response type or raises its own error, and the answer found here is passed on
+(``take_passed``) so the request is not looked up twice. Anything else (positional
+arguments, ``extra_headers``, ``extra_query``, ``timeout``, ``stream=True``, a param sent
+as a header, a value that is not plain JSON, a missing or unknown argument) is the SDK's.
+
+Self-checking: the first fast call per (client class, method, arguments given) in a process is
+also built the SDK's way (its ``create`` run until the request is built, ``capturing``) and
+the two canonical bodies compared; on any difference the fast path is off for that method
+in this process. A param whose type carries a ``PropertyInfo`` alias or format below its
+top level (where the SDK's rewrite depends on the value) never takes the fast path; at the
+top level the check proves it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import inspect
+import sys
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from hypernodes_dist.batchapi.identity import Canonical, canonical_body
+
+__all__ = ["Known", "KNOWN", "Captured", "install", "capturing", "take_passed",
+           "switched_off", "took_fast_path", "plain"]
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_CONTROLS = ("extra_headers", "extra_query", "extra_body", "timeout")
+_CAPTURE: contextvars.ContextVar[bool] = contextvars.ContextVar("hn_batch_capture",
+                                                                default=False)
+_PASSED: contextvars.ContextVar[Any] = contextvars.ContextVar("hn_batch_passed", default=None)
+
+
+def _anthropic_guard(resource: Any, kwargs: Mapping[str, Any]) -> bool:
+    """``messages.create`` refuses (ValueError), before it builds a request, a non-streamed
+    call that may outlast 10 minutes on the client's default timeout: refused here alike.
+    False: the SDK's constants are not where they were (its way, then)."""
+    module, client = sys.modules.get(type(resource).__module__), resource._client
+    default = getattr(module, "DEFAULT_TIMEOUT", None)
+    tokens = getattr(module, "MODEL_NONSTREAMING_TOKENS", None)
+    check = getattr(client, "_calculate_nonstreaming_timeout", None)
+    if default is None or tokens is None or check is None:
+        return False
+    if client.timeout == default:
+        check(kwargs["max_tokens"], tokens.get(kwargs["model"], None))
+    return True
+
+
+class Known(NamedTuple):
+    """A client method the fast path takes."""
+
+    path: tuple[str, ...]       # the resource's attributes from the client
+    module: str                 # the module of the resource classes (sync and async)
+    endpoint: str               # the batch endpoint
+    params: str                 # "module:TypedDict" the SDK transforms the body with, or ""
+    defaults: Mapping[str, Any] = {}     # body keys the SDK sets when not given
+    apart: frozenset[str] = frozenset()  # params the SDK sends elsewhere (headers)
+    guard: Callable[[Any, Mapping[str, Any]], bool] | None = None  # the SDK's own refusals
+
+
+KNOWN: tuple[Known, ...] = (
+    Known(("chat", "completions"), "openai.resources.chat.completions.completions",
+          "/v1/chat/completions",
+          "openai.types.chat.completion_create_params:CompletionCreateParamsNonStreaming"),
+    Known(("embeddings",), "openai.resources.embeddings", "/v1/embeddings",
+          "openai.types.embedding_create_params:EmbeddingCreateParams",
+          defaults={"encoding_format": "base64"}),
+    Known(("responses",), "openai.resources.responses.responses", "/v1/responses",
+          "openai.types.responses.response_create_params:ResponseCreateParamsNonStreaming"),
+    Known(("messages",), "anthropic.resources.messages.messages", "/v1/messages", "",
+          apart=frozenset({"user_profile_id", "workspace_id"}), guard=_anthropic_guard),
+)
+
+_VERDICTS: dict[tuple[Any, ...], bool] = {}  # (method, arguments): checked equal
+_OFF: set[tuple[type, type]] = set()         # methods (client, resource class) that disagreed
+_MARKS: dict[tuple[str, str], int] = {}      # (params, key): 0 none, 1 top level, 2 below
+
+
+class Captured(BaseException):  # noqa: N818 - a signal, carried out of the SDK's create
+    """The SDK's own build of a call, captured for the self-check: ``found`` is the
+    endpoint and canonical body its request options give (None: not a batchable body)."""
+
+    def __init__(self, found: tuple[str, Canonical] | None) -> None:
+        super().__init__("captured")
+        self.found = found
+
+
+def capturing() -> bool:
+    """Whether the request being built is the self-check's (raise ``Captured``)."""
+    return _CAPTURE.get()
+
+
+def take_passed() -> Any:
+    """The answer the fast path looked up for the request being built (then forgotten),
+    or None: look it up."""
+    answer = _PASSED.get()
+    if answer is not None:
+        _PASSED.set(None)
+    return answer
+
+
+def switched_off(client_class: type, resource_class: type) -> bool:
+    """Whether the self-check switched the fast path off for the ``create`` of
+    ``resource_class`` (``chat.completions``...) of ``client_class``'s clients."""
+    return (client_class, resource_class) in _OFF
+
+
+def took_fast_path(client_class: type, resource_class: type) -> bool:
+    """Whether a call of that method took the fast path in this process (its self-check
+    passed, and it is not switched off)."""
+    method = (client_class, resource_class)
+    return method not in _OFF and any(k[0] == method for k in _VERDICTS)
+
+
+def plain(value: Any) -> bool:
+    """Whether ``value`` holds only dicts with string keys, lists and JSON scalars: then its
+    canonical bytes equal those of the JSON the client sends, parsed (an int key would sort
+    apart from its string; a datetime, a model, a dict subclass are the client's to encode)."""
+    kind = type(value)
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            return False
+        values: Any = value.values()
+    elif kind is list or kind is tuple:
+        values = value
+    else:
+        return kind in _SCALARS
+    return all(type(v) in _SCALARS or plain(v) for v in values)
+
+
+def _rewrites(meta: object) -> bool:
+    """A ``PropertyInfo`` that renames a key or reformats a value (not a discriminator)."""
+    return type(meta).__name__ == "PropertyInfo" and (
+        getattr(meta, "alias", None) is not None or getattr(meta, "format", None) is not None)
+
+
+def _rewritten(tp: Any, seen: set[Any]) -> bool:
+    """Whether a rewriting ``PropertyInfo`` is anywhere in the type ``tp``."""
+    if typing.get_origin(tp) is typing.Annotated:
+        return any(_rewrites(m) for m in tp.__metadata__) or _rewritten(tp.__origin__, seen)
+    if isinstance(tp, type) and hasattr(tp, "__total__") and hasattr(tp, "__annotations__"):
+        if tp in seen:  # a TypedDict, once
+            return False
+        seen.add(tp)
+        hints = typing.get_type_hints(tp, include_extras=True)
+        return any(_rewritten(h, seen) for h in hints.values())
+    return any(_rewritten(a, seen) for a in typing.get_args(tp))
+
+
+def _marks_of(params: str, key: str) -> int:
+    """0: the SDK sends ``key``'s plain value as it is; 1: a rewrite at its top level (the
+    self-check proves it); 2: one below it, or its type unreadable (the SDK's way)."""
+    if not params:
+        return 0
+    module, _, name = params.partition(":")
+    try:
+        hints = typing.get_type_hints(getattr(importlib.import_module(module), name),
+                                      include_extras=True)
+        hint: Any = hints.get(key)
+        if hint is None:  # a key the type does not name: sent as it is
+            return 0
+        while getattr(typing.get_origin(hint), "_name", "") in ("Required", "NotRequired",
+                                                                  "ReadOnly"):
+            hint = typing.get_args(hint)[0]
+        top = typing.get_origin(hint) is typing.Annotated and any(
+            _rewrites(m) for m in hint.__metadata__)
+        inner = hint.__origin__ if typing.get_origin(hint) is typing.Annotated else hint
+        return 2 if _rewritten(inner, set()) else int(top)
+    except Exception:  # a type the SDK itself may not read: its way
+        return 2
+
+
+def _mark(params: str, key: str) -> int:
+    found = _MARKS.get((params, key))
+    if found is None:
+        found = _MARKS[(params, key)] = _marks_of(params, key)
+    return found
+
+
+class _Found(NamedTuple):
+    key: tuple[Any, ...]   # what the self-check's verdict is kept by
+    endpoint: str
+    body: Canonical
+
+
+class FastCreate:
+    """One resource object's fast ``create``: the body from the arguments, the self-check's
+    verdict, the lookup (``transport.lookup``: ``BatchWait`` when not answered)."""
+
+    def __init__(self, known: Known, resource: Any, transport: Any,
+                 absent: tuple[type, ...], signature: inspect.Signature) -> None:
+        self.known, self.resource, self.transport, self.absent = known, resource, transport, absent
+        # what a verdict is for: this client class's method
+        self.method = (type(getattr(resource, "_client", None)), type(resource))
+        names = [p.name for p in signature.parameters.values() if p.name not in _CONTROLS]
+        self.params = frozenset(names) - {"self"}
+        self.required = frozenset(p.name for p in signature.parameters.values()
+                                  if p.default is inspect.Parameter.empty and p.name != "self")
+
+    def found(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Found | None:
+        """The call's endpoint and body, or None: the SDK's way."""
+        if args or self.method in _OFF or not self.required <= kwargs.keys():
+            return None
+        body, absent, extra = {}, self.absent, None
+        for name, value in kwargs.items():
+            if name in self.params:
+                if type(value) not in absent:
+                    body[name] = value
+            elif name == "extra_body" and value is not None:
+                extra = value
+            elif name not in _CONTROLS or not (value is None or type(value) in absent):
+                return None  # unknown, or extra_headers / extra_query / timeout given
+        known = self.known
+        if body.get("stream") or not known.apart.isdisjoint(body) or (
+                extra is not None and type(extra) is not dict) or any(
+                _mark(known.params, k) == 2 for k in body):
+            return None
+        key = (self.method, frozenset(body), None if extra is None else frozenset(extra))
+        body.update((k, v) for k, v in known.defaults.items() if k not in body)
+        if extra is not None:
+            body = {k: v for k, v in {**body, **extra}.items() if type(v) not in absent}
+        if not plain(body) or (known.guard is not None and not known.guard(self.resource,
+                                                                            kwargs)):
+            return None
+        try:
+            return _Found(key, known.endpoint, Canonical(body, canonical_body(body)))
+        except ValueError:  # NaN, a lone surrogate: as the client fails it
+            return None
+
+    def judged(self, found: _Found, sdk: tuple[str, Canonical] | None) -> _Found | None:
+        """The self-check: ``found`` if the SDK's own build ``sdk`` is the same request;
+        otherwise the fast path is off for this method in this process (None)."""
+        if sdk is not None and sdk[0] == found.endpoint \
+                and sdk[1].canonical == found.body.canonical:
+            _VERDICTS[found.key] = True
+            return found
+        _OFF.add(self.method)
+        return None
+
+    def passing(self, found: _Found) -> _Passing:
+        """The call's answer (``ONLINE``: send it) passed on to the request the SDK builds
+        while in the context; ``BatchWait`` here once the call is recorded."""
+        return _Passing(self.transport.lookup(found.endpoint, found.body))
+
+
+class _Passing:
+    """While in it, ``take_passed()`` gives the answer (once)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def __enter__(self) -> None:
+        self.token = _PASSED.set(self.answer)
+
+    def __exit__(self, *exc: object) -> None:
+        _PASSED.reset(self.token)
+
+
+class _Capture:
+    """While in it, the SDK's request build raises ``Captured``: kept as ``found``."""
+
+    found: tuple[str, Canonical] | None = None
+
+    def __enter__(self) -> _Capture:
+        self.token = _CAPTURE.set(True)
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        _CAPTURE.reset(self.token)
+        if isinstance(exc, Captured):
+            self.found = exc.found
+            return True
+        return False
+
+
+def _sync_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any]:
+    def create(*args: Any, **kwargs: Any) -> Any:
+        found = fast.found(args, kwargs)
+        if found is not None and found.key not in _VERDICTS:
+            with _Capture() as capture:
+                sdk(**kwargs)
+            found = fast.judged(found, capture.found)
+        if found is None:
+            return sdk(*args, **kwargs)
+        with fast.passing(found):
+            return sdk(**kwargs)
+    return create
+
+
+def _async_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any]:
+    async def create(*args: Any, **kwargs: Any) -> Any:  # _sync_create's steps, awaited
+        found = fast.found(args, kwargs)
+        if found is not None and found.key not in _VERDICTS:
+            with _Capture() as capture:
+                await sdk(**kwargs)
+            found = fast.judged(found, capture.found)
+        if found is None:
+            return await sdk(*args, **kwargs)
+        with fast.passing(found):
+            return await sdk(**kwargs)
+    return create
+
+
+def _fast_create(known: Known, resource: Any, transport: Any) -> FastCreate | None:
+    """The fast path of ``resource.create``, if it is the SDK's method we know."""
+    cls = type(resource)
+    types_ = sys.modules.get(known.module.split(".")[0] + "._types")
+    absent = tuple(t for t in (getattr(types_, "NotGiven", None), getattr(types_, "Omit", None))
+                   if isinstance(t, type))
+    create = getattr(cls, "create", None)
+    if cls.__module__ != known.module or len(absent) != 2 or create is None:
+        return None
+    signature = inspect.signature(create)
+    kinds = {p.kind for n, p in signature.parameters.items() if n != "self"}
+    if kinds != {inspect.Parameter.KEYWORD_ONLY} or not set(_CONTROLS) <= set(
+            signature.parameters):
+        return None
+    return FastCreate(known, resource, transport, absent, signature)
+
+
+def install(client: Any, transport: Any) -> None:
+    """Give ``client``'s resources of ``KNOWN`` their fast ``create`` (a recording copy
+    whose ``_build_request`` raises ``Captured`` while ``capturing()`` and takes the
+    ``take_passed()`` answer)."""
+    package = type(client).__module__.split(".")[0]
+    is_async = inspect.iscoroutinefunction(getattr(type(client), "post", None))
+    for known in KNOWN:
+        if known.module.split(".")[0] != package:
+            continue
+        resource: Any = client
+        for name in known.path:
+            resource = getattr(resource, name, None)
+        fast = None if resource is None else _fast_create(known, resource, transport)
+        if fast is not None:  # an async client's create may not be a coroutine function
+            wrap = _async_create if is_async else _sync_create
+            resource.create = wrap(fast, resource.create)
