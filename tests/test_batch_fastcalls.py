@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypedDict
 
 import anthropic
 import openai
+import pydantic
 import pytest
 
 from hypernodes_bench.batch_server import BatchServer
@@ -119,7 +120,8 @@ def test_the_fast_path_records_what_the_sdk_sends(case, kind, tmp_path):
 
 def test_calls_the_fast_path_leaves_to_the_sdk_behave_as_before(tmp_path):
     """extra_headers (recorded as without them), with_raw_response and stream=True (the
-    unbatchable calls' error), a positional or unknown argument (the SDK's TypeError)."""
+    unbatchable calls' error), an unknown or missing argument, a model class as
+    response_format (the SDK's TypeError)."""
     path, kwargs = CALLS["chat"]
     plain = _recorded("openai-sync", path, kwargs, tmp_path / "a")
     headed = {**kwargs, "extra_headers": {"x-trace": "1"}}
@@ -133,6 +135,8 @@ def test_calls_the_fast_path_leaves_to_the_sdk_behave_as_before(tmp_path):
         copy.chat.completions.create(**kwargs, no_such_param=1)
     with pytest.raises(TypeError):
         copy.embeddings.create(model="emb")  # input missing
+    with pytest.raises(TypeError, match="parse"):  # openai's own check of response_format
+        copy.chat.completions.create(**kwargs, response_format=_Label)
 
 
 def test_anthropic_refuses_a_long_non_streamed_call_before_recording_it(tmp_path):
@@ -168,6 +172,10 @@ def test_the_self_check_switches_a_wrong_fast_path_off(fresh_checks, monkeypatch
     assert not fastcalls.took_fast_path(openai.OpenAI, openai.resources.Embeddings)
     assert fastcalls.switched_off(openai.AsyncOpenAI, openai.resources.AsyncEmbeddings)
     assert not fastcalls.switched_off(openai.OpenAI, openai.resources.chat.Completions)
+
+
+class _Label(pydantic.BaseModel):
+    text: str
 
 
 class _Params(TypedDict, total=False):
