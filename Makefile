@@ -22,8 +22,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/enrich.py --rows 2000
 
+# PYTHONDONTWRITEBYTECODE (set in some shells) would make every process of the run (xdist
+# workers, Dask workers, the tests' child interpreters: hundreds) compile the project's
+# modules and rewrite the tests anew: ~0.1-0.2 CPU s each
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --no-loadscope-reorder --reruns 1 $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --no-loadscope-reorder --reruns 1 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hypernodes_dist hypernodes_bench engines tests benchmarks examples

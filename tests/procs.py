@@ -34,7 +34,15 @@ def wait_for_address(scheduler_file: Path, proc: subprocess.Popen, timeout: floa
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    """Terminate the given processes (whole process groups: nannies and their workers)."""
+    """Terminate the given processes (whole process groups: nannies and their workers), the
+    dask schedulers last: a worker whose scheduler closes under it while it closes hangs
+    until it is killed (15 s each)."""
+    schedulers = [p for p in procs if "distributed.cli.dask_scheduler" in p.args]
+    _stop([p for p in procs if p not in schedulers])
+    _stop(schedulers)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
             try:

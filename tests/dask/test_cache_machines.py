@@ -26,6 +26,7 @@ from hypernodes_dask import DaskEngine
 from hypernodes_dist import DiskCache, Graph, ObjectStoreCache, node
 from hypernodes_dist.cache import CacheNotVisibleError
 from tests.conformance import graphs as G
+from tests.dask.s3_writers import s3_limited_writer, s3_writer
 from tests.procs import spawn, stop, wait_for_address
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
@@ -235,19 +236,12 @@ def test_s3_corrupt_objects_are_misses_and_recomputed(s3_url, damage):
     assert stats["by_node"]["square"]["entries"] == 3
 
 
-def _s3_writer(url: str, worker: int, count: int) -> int:
-    cache = ObjectStoreCache(url)
-    for i in range(count):
-        cache.set_many({f"w{worker}-{i}": {"worker": worker, "i": i}}, node=f"n{i % 3}")
-    return worker
-
-
 @pytest.mark.slow
 def test_eight_processes_writing_to_s3_lose_nothing(s3_url):
     """8 writer processes x 20 writes on one S3 prefix at once (each write: two new objects)."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(8) as pool:
-        assert sorted(pool.starmap(_s3_writer, [(s3_url, w, 20) for w in range(8)])) == list(
+        assert sorted(pool.starmap(s3_writer, [(s3_url, w, 20) for w in range(8)])) == list(
             range(8))
     keys = [f"w{w}-{i}" for w in range(8) for i in range(20)]
     got = ObjectStoreCache(s3_url).get_many(keys)
@@ -265,16 +259,6 @@ def _s3_bytes(url: str) -> int:
     return sum(i.size or 0 for i in infos if i.path.endswith((".seg", ".idx")))
 
 
-def _s3_limited_writer(url: str, worker: int, batches: int, limit: int) -> int:
-    cache = ObjectStoreCache(url, size_limit=limit)
-    for b in range(batches):
-        cache.set_many({f"w{worker}-{b}-{i}": f"{worker}-{b}-{i}:" + "v" * 2000
-                        for i in range(5)}, node="n")
-        cache.get_many([f"w{worker}-0-{i}" for i in range(5)], node="n")
-    cache.close()
-    return worker
-
-
 @pytest.mark.timeout(300)
 def test_s3_size_limit_with_processes_and_prune_from_the_cli(s3_url):
     """Four processes ("machines": they share only the bucket) write 12 batches of 10 KB each
@@ -284,7 +268,7 @@ def test_s3_size_limit_with_processes_and_prune_from_the_cli(s3_url):
     limit = 60_000
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
-        assert sorted(pool.starmap(_s3_limited_writer,
+        assert sorted(pool.starmap(s3_limited_writer,
                                    [(s3_url, w, 12, limit) for w in range(4)])) == [0, 1, 2, 3]
     assert 0 < _s3_bytes(s3_url) <= limit
     keys = [f"w{w}-{b}-{i}" for w in range(4) for b in range(12) for i in range(5)]
