@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from tests.conformance.engines_daft import RAY_MODULES
+from tests.daft.ray_env import RAY_ENV
 
 pytestmark = [
     pytest.mark.slow,  # about 100 s: started first under xdist
@@ -29,9 +30,7 @@ SMOKE = "ray_smoke"  # a module of Ray-runner maps, run in the same Ray session
 
 @pytest.mark.timeout(900)  # a whole pytest run on Ray in a subprocess (147 s loaded)
 def test_conformance_limits_usage_budgets_and_signals_on_daft_ray():
-    # Ray runs its workers at niceness 15 by default: on a loaded machine they starve
-    env = dict(os.environ, HYPERNODES_CONFORMANCE_DAFT="ray", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_MODE="disabled", RAY_worker_niceness="0")
+    env = dict(os.environ, HYPERNODES_CONFORMANCE_DAFT="ray", **RAY_ENV)
     modules = [f"tests/conformance/{m}.py" for m in RAY_MODULES]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rp", "-p", "no:cacheprovider", "-p",
