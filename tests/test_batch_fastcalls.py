@@ -131,6 +131,9 @@ def test_calls_the_fast_path_leaves_to_the_sdk_behave_as_before(tmp_path):
         copy.chat.completions.with_raw_response.create(**kwargs)
     with pytest.raises(UnbatchableCall, match="stream=True"):
         copy.chat.completions.create(**kwargs, stream=True)
+    with pytest.raises(UnbatchableCall, match="stream=True"):
+        copy.chat.completions.create(**kwargs, extra_body={"stream": True})
+    assert not fastcalls.switched_off(openai.OpenAI, openai.resources.chat.Completions)
     with pytest.raises(TypeError):
         copy.chat.completions.create(**kwargs, no_such_param=1)
     with pytest.raises(TypeError):

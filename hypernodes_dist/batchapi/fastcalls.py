@@ -226,7 +226,7 @@ class FastCreate:
             elif name not in _CONTROLS or not (value is None or type(value) in absent):
                 return None  # unknown, or extra_headers / extra_query / timeout given
         known = self.known
-        if body.get("stream") or not known.apart.isdisjoint(body) or (
+        if not known.apart.isdisjoint(body) or (
                 extra is not None and type(extra) is not dict) or any(
                 _mark(known.params, k) == 2 for k in body):
             return None
@@ -234,8 +234,8 @@ class FastCreate:
         body.update((k, v) for k, v in known.defaults.items() if k not in body)
         if extra is not None:
             body = {k: v for k, v in {**body, **extra}.items() if type(v) not in absent}
-        if not plain(body) or (known.guard is not None and not known.guard(self.resource,
-                                                                            kwargs)):
+        if body.get("stream") or not plain(body) or (  # streamed: the SDK's, as unbatchable
+                known.guard is not None and not known.guard(self.resource, kwargs)):
             return None
         try:
             return _Found(key, known.endpoint, Canonical(body, canonical_body(body)))
