@@ -18,11 +18,13 @@ import pydantic
 import pytest
 
 from hypernodes_bench.batch_server import BatchServer
+from hypernodes_dist import DiskCache, Graph, node, resource
 from hypernodes_dist.batchapi import AnthropicBatches, OpenAIBatches, fastcalls
 from hypernodes_dist.batchapi.driver import BatchDriver
 from hypernodes_dist.batchapi.identity import canonical_body
 from hypernodes_dist.batchapi.recording import BatchWait, UnbatchableCall, recording_client
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
+from hypernodes_dist.run.batchmap import POLL_ENV
 from tests.batchrig import drive
 
 MSGS = [{"role": "user", "content": "héllo"}]
@@ -229,3 +231,29 @@ def test_answers_equal_the_online_path_and_each_request_is_sent_once(batch_fake,
         got = _run(_resource(copy, path).create(**kwargs))
         assert type(got).__module__.startswith(kind.split("-")[0])
         assert got == _resource(online, path).create(**kwargs), case
+
+
+# -- through graph.map: a batch_api node's embeddings and extra_body calls ------------------
+@resource
+def emb_client(base_url: str):
+    return openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=10.0)
+
+
+def _embed(text: str, emb_client) -> list[float]:
+    r = emb_client.embeddings.create(model="emb", input=text, extra_body={"user": "u1"})
+    return [round(x, 6) for x in r.data[0].embedding]
+
+
+def test_a_batch_api_map_answers_as_online_and_sends_each_request_once(batch_fake, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv(POLL_ENV, "0.05")
+    texts = [f"text {i % 5}" for i in range(12)]
+    batched = node(output_name="v", batch_api=True)(_embed)
+    graph = Graph([emb_client, batched], cache=DiskCache(tmp_path / "c"))
+    res = graph.map({"text": texts, "base_url": batch_fake.base_url}, map_over="text")
+    assert res.pending == 0 and not res.errors
+    counts = batch_fake.counts()
+    assert len(counts) == 5 and all(c == [1, 1] for c in counts.values())
+    online = Graph([emb_client, node(output_name="v")(_embed)]).map(
+        {"text": texts, "base_url": batch_fake.base_url}, map_over="text")
+    assert res.column("v") == online.column("v") and len(res.column("v")[0]) == 8
