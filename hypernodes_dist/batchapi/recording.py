@@ -41,7 +41,9 @@ from typing import Any, NamedTuple, Protocol
 
 from hypernodes_dist.batchapi import fastcalls
 from hypernodes_dist.batchapi.identity import Canonical, canonical_body, digest_of
+from hypernodes_dist.batchapi.replayhttp import Replayed
 from hypernodes_dist.errors import BudgetExceededError
+from hypernodes_dist.perprocess import Memo
 
 __all__ = ["Answer", "ONLINE", "REFUSED", "BudgetRefusal", "refusal_answer", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
            "recording_client", "batch_endpoint", "in_batch_api",
@@ -165,7 +167,6 @@ def batch_endpoint(request: Any) -> tuple[str, dict[str, Any]]:
     return endpoint, body
 
 
-_JSON_HEADERS = {"content-type": "application/json"}
 _LOOKED_UP = "hn_batch_answer"  # a request's extension: its answer, looked up as it was built
 # options headers that change what is sent or returned: such a call is read at the HTTP layer
 _HEADERS_APART = frozenset({_RAW, "____stainless_override_cast_to", "content-type"})
@@ -184,6 +185,7 @@ class RecordingTransport:
                  online: Any = None) -> None:
         self.answers, self.record, self.http = answers, record, http
         self.online = online  # the original client's HTTP client: ONLINE requests go there
+        self.replayed = _replayed(http)  # answered calls' requests and responses
 
     def handle_request(self, request: Any) -> Any:
         request.read()
@@ -222,8 +224,7 @@ class RecordingTransport:
     def _response(self, request: Any, answer: Answer) -> Any:
         _ANSWERED.set(True)
         if isinstance(answer.body, bytes):
-            return self.http.Response(answer.status, content=answer.body, request=request,
-                                      headers=_JSON_HEADERS)
+            return self.replayed.response(answer.status, answer.body, request)
         return self.http.Response(answer.status, json=answer.body, request=request)
 
     def close(self) -> None:
@@ -231,6 +232,14 @@ class RecordingTransport:
 
     async def aclose(self) -> None:
         pass
+
+
+def _replayed(http: ModuleType) -> Replayed:
+    """The one ``Replayed`` of an HTTP package in this process."""
+    return _REPLAYED.get((http.__name__,), lambda: Replayed(http))
+
+
+_REPLAYED: Memo[Replayed] = Memo("batchapi.recording.replayed")
 
 
 def _http_package(client: Any) -> ModuleType:
@@ -341,7 +350,7 @@ class _BuildLookup:
         full = self.urls.get(url)
         if full is None:
             full = self.urls[url] = self.prepare_url(url)
-        return self.transport.http.Request("POST", full)
+        return self.transport.replayed.request(full)
 
     def batchable(self, options: Any) -> tuple[str, Canonical] | None:
         """The endpoint and canonical body of a call the fast path takes, or None."""

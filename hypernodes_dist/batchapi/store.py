@@ -65,6 +65,7 @@ class RequestLog:
         self._offsets: dict[str, int] = {}
         self._seen: set[str] = set()
         self.sources: set[str] = set()  # the sources ``requests()`` has met
+        self._middle: dict[tuple[str, str], bytes] = {}  # a line's bytes between d and b
 
     def __reduce__(self) -> tuple[Any, ...]:  # a worker process opens its own file
         return (RequestLog, (self.root,))
@@ -72,9 +73,13 @@ class RequestLog:
     def record(self, endpoint: str, body: Mapping[str, Any], source: str = "") -> None:
         """Append a request (a worker's side; safe from threads and forked processes)."""
         canonical = canonical_body(body)
-        data = b"".join((b'{"d":"', digest_of(endpoint, canonical).encode(), b'","e":',
-                         json.dumps(endpoint).encode(), b',"s":', json.dumps(source).encode(),
-                         b',"b":', canonical, b"}\n"))
+        middle = self._middle.get((endpoint, source))
+        if middle is None:
+            middle = self._middle[(endpoint, source)] = b"".join((
+                b'","e":', json.dumps(endpoint).encode(), b',"s":', json.dumps(source).encode(),
+                b',"b":'))
+        data = b"".join((b'{"d":"', digest_of(endpoint, canonical).encode(), middle, canonical,
+                         b"}\n"))
         with self._lock:
             if self._fd is None or self._pid != os.getpid():
                 self.folder.mkdir(parents=True, exist_ok=True)
@@ -283,6 +288,8 @@ class AnswerStore:
         self._fds = _Fds()
         self._mtime: int | None = None
         self._settled = False
+        self._checked = -_ONLINE_CHECK  # when sends_online last read the folder (monotonic)
+        self._where = str(self.folder)
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:  # another process builds its own index
@@ -313,9 +320,17 @@ class AnswerStore:
         return None if loc is None else _parsed(self._line(loc))
 
     def sends_online(self) -> bool:
-        """Whether some request is to be sent online (``online_after``), the folder read
-        again first: until then no call of the map reaches the network."""
-        self._refresh()
+        """Whether some request is to be sent online (``online_after``): until then no call
+        of the map reaches the network. Asked before every call: the folder is read again
+        at most every ``_ONLINE_CHECK`` seconds (the driver writes answers between two
+        runs of the rows; its own process's store knows them at once, and a call whose
+        answer says online is sent online whatever this said)."""
+        if self.online:
+            return True
+        now = time.monotonic()
+        if now - self._checked >= _ONLINE_CHECK:
+            self._checked = now
+            self._refresh()
         return self.online
 
     def raw(self, digest: str) -> Answer | None:
@@ -347,7 +362,7 @@ class AnswerStore:
 
     def _refresh(self) -> bool:
         try:
-            mtime = self.folder.stat().st_mtime_ns
+            mtime = os.stat(self._where).st_mtime_ns
         except FileNotFoundError:
             return False
         with self._lock:
@@ -396,6 +411,7 @@ class AnswerStore:
             self._refused.discard(digest)
 
 
+_ONLINE_CHECK = 0.05  # seconds between two reads of the folder by sends_online
 _FILE_MASK = (1 << 24) - 1
 _LEN_MASK = (1 << 40) - 1
 

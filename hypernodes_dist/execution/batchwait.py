@@ -7,8 +7,8 @@ batch's calls. In a ``batch_api=True`` node (``resources/bind.py``) each client 
 made once per process, client and folder: its calls append to the folder's ``RequestLog``
 and read the ``AnswerStore``. ``outcome(exc, node)`` turns the signals a call raised into
 what the executor keeps: ``WaitingForBatch`` (the item waits), or the item's error.
-``batch_gates(gates)`` are a ``batch_api`` node's gates: its network gates taken only by an
-attempt that may reach the network.
+``offline_gates(gates)`` are a ``batch_api`` node's gates for an attempt that cannot reach
+the network (``OnlineCheck``): its network gates are taken only by one that may.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import functools
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from hypernodes_dist.batchapi import SUPPORTED
 from hypernodes_dist.batchapi.recording import (
@@ -28,10 +28,10 @@ from hypernodes_dist.batchapi.recording import (
 )
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
 from hypernodes_dist.errors import WaitingForBatch
-from hypernodes_dist.perprocess import Memo
-from hypernodes_dist.policies.gates import BudgetGate, Entry, Gate
+from hypernodes_dist.perprocess import Memo, Table
+from hypernodes_dist.policies.gates import BudgetGate, Gate
 
-__all__ = ["BatchLink", "LINK", "swap_clients", "outcome", "batch_gates"]
+__all__ = ["BatchLink", "LINK", "swap_clients", "outcome", "offline_gates", "OnlineCheck"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,22 @@ def swap_clients(built: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
     out = {p: built[p] for p in names}
     if link is None:
         return out
-    log, answers = link.stores()
     for p in names:
         client = out[p]
-        if supported(client):
+        last = _LAST.get(p)  # the copy this process used last for p: the same call again
+        if last is not None and last[0] is link and last[1] is client:
+            out[p] = last[2]
+        elif supported(client):
+            log, answers = link.stores()
             out[p] = _COPIES.get((link, p, id(client)),
                                  functools.partial(_copy, client, answers, log, p))[1]
+            _LAST[p] = (link, client, out[p])
     return out
+
+
+# resource name -> (link, client, its recording copy) last swapped in: the next call finds
+# its copy by identity, not through the memo (a forked child starts empty)
+_LAST: Table[str, tuple[Any, Any, Any]] = Table("execution.batchwait.last")
 
 
 def _copy(client: Any, answers: AnswerStore, log: RequestLog, source: str) -> tuple[Any, Any]:
@@ -100,43 +109,31 @@ def outcome(exc: BaseException, node: str) -> BaseException:
     return exc
 
 
-def batch_gates(gates: tuple[Gate, ...]) -> tuple[Gate, ...]:
-    """A ``batch_api`` node's gates: each network gate (hold-off, concurrency, rate,
-    quantities, learned limits) taken only by an attempt that may reach the network; the
-    budget's as they are (it counts what the calls metered)."""
-    # a _WhenOnline carries its gate's holds/meters per instance (Gate declares them per class)
-    return tuple(g if isinstance(g, BudgetGate) else cast(Gate, _WhenOnline(g)) for g in gates)
+def offline_gates(gates: tuple[Gate, ...]) -> tuple[Gate, ...]:
+    """A ``batch_api`` node's gates for an attempt that cannot reach the network (its call is
+    recorded or answered from a batch): the budget's only (it counts what the calls
+    metered); the network gates (hold-off, concurrency, rate, quantities, learned limits)
+    are taken by an attempt that may go online (``OnlineCheck``)."""
+    return tuple(g for g in gates if isinstance(g, BudgetGate))
 
 
-class _WhenOnline:
-    """A network gate of a ``batch_api`` node, entered only while the map's answers hold a
-    request to send online (``online_after``): until then each of the node's calls is
-    recorded or answered from a batch, none reaches the network, so none takes a turn (a
-    concurrency unit, a rate turn, a hold-off's wait). No map (``run()``): always."""
+class OnlineCheck:
+    """Whether an attempt of a ``batch_api`` node may reach the network: only while the
+    map's answers hold a request to send online (``online_after``); until then each call
+    is recorded or answered from a batch, none takes a network turn (a concurrency unit,
+    a rate turn, a hold-off's wait). No map (``run()``): always. One per guard: the
+    batch's answer store is found once per link."""
 
-    def __init__(self, gate: Gate) -> None:
-        self.gate = gate
-        self.holds, self.meters = gate.holds, gate.meters
+    __slots__ = ("link", "answers")
 
-    async def enter(self, entry: Entry) -> float:
-        if not _may_go_online(entry):
-            return 0.0
-        entry.keep(self, True)
-        return await self.gate.enter(entry)
+    def __init__(self) -> None:
+        self.link: BatchLink | None = None
+        self.answers: AnswerStore | None = None
 
-    def exit(self, entry: Entry, error: BaseException | None) -> None:
-        if entry.kept_by(self):
-            self.gate.exit(entry, error)
-
-
-_ONLINE = object()  # an attempt's ``Entry.keep`` key: whether it may reach the network
-
-
-def _may_go_online(entry: Entry) -> bool:
-    """Whether this attempt may reach the network (asked once per attempt)."""
-    known = entry.kept_by(_ONLINE)
-    if known is None:
+    def __call__(self) -> bool:
         link = LINK.get()
-        known = link is None or link.stores()[1].sends_online()
-        entry.keep(_ONLINE, known)
-    return bool(known)
+        if link is None:
+            return True
+        if link is not self.link:
+            self.link, self.answers = link, link.stores()[1]
+        return self.answers.sends_online()  # type: ignore[union-attr]  # set with the link

@@ -27,10 +27,11 @@ class CacheView:
     __slots__ = ("cache", "writes", "running")
 
     def __init__(self, cache: Cache | None, writes: WriteBuffer | None,
-                 running: dict[str, asyncio.Future[Any]] | None = None) -> None:
+                 running: dict[str, asyncio.Future[Any] | None] | None = None) -> None:
         self.cache = cache
         self.writes = writes
-        self.running = running  # key -> the call computing it (None: nothing shared)
+        # key -> the call computing it (its future once an item waits; None: nothing shared)
+        self.running = running
 
     def fetch(self, node: str, keys: Sequence[str]) -> dict[str, Any]:
         """The values of ``keys`` found pending or in the store (a cold column: no Python
@@ -65,14 +66,18 @@ class CacheView:
         """What the identical call in flight produces (``MISSING``: none, or it failed)."""
         running = self.running
         if running is not None and key in running:
-            return await running[key]
+            done = running[key]
+            if done is None:  # the first to wait makes the future
+                done = running[key] = asyncio.get_running_loop().create_future()
+            return await done
         return MISSING
 
     def begin(self, key: str) -> bool:
-        """Mark ``key`` as computed by the caller (identical items then wait for it)."""
+        """Mark ``key`` as computed by the caller (identical items then wait for it; their
+        future is made when one waits: most keys are computed by one item only)."""
         if self.running is None:
             return False
-        self.running[key] = asyncio.get_running_loop().create_future()
+        self.running[key] = None
         return True
 
     def end(self, key: str, value: Any) -> None:

@@ -353,23 +353,24 @@ async def drive(items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
             return
         finally:
             window.release()
+            forget()
         if on_done is not None and not failure:
             on_done(flow)
 
-    def forget(task: asyncio.Task[None]) -> None:
-        tasks.discard(task)
+    def forget() -> None:  # the item's task is over (in the task: no done-callback turn)
+        tasks.discard(current_task())  # type: ignore[arg-type]  # one runs as a task
         if not tasks:
             idle.set()
 
+    current_task = asyncio.current_task
+    loop = asyncio.get_running_loop()
     try:
         for flow, i in items:
             await window.acquire()
             if failure:
                 window.release()
                 break
-            task = asyncio.ensure_future(one(flow, i))
-            tasks.add(task)
-            task.add_done_callback(forget)
+            tasks.add(loop.create_task(one(flow, i)))
         while tasks and not failure:
             idle.clear()
             await idle.wait()

@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from hypernodes_dist.events import PolicyEvent
-from hypernodes_dist.execution.batchwait import batch_gates
+from hypernodes_dist.execution.batchwait import OnlineCheck, offline_gates
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.policies.budget import Budget
@@ -113,9 +113,11 @@ class Guard:
         self.report = report
         self.meters = bool(node.meters)
         batch_api = getattr(node, "batch_api", False)
-        gates = gates_for(self.policy, budget if self.meters else None, checks=not batch_api)
-        # a batch_api node's network gates: taken only by an attempt that may go online
-        self.gates: tuple[Gate, ...] = batch_gates(gates) if batch_api else gates
+        self.gates: tuple[Gate, ...] = gates_for(self.policy, budget if self.meters else None,
+                                                 checks=not batch_api)
+        # a batch_api node's attempt that cannot go online takes its budget's gates only
+        self.offline = offline_gates(self.gates) if batch_api else None
+        self.online = OnlineCheck() if batch_api else None
         self.gauges = any(g.meters for g in self.gates)  # some gate reads what a call metered
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)
@@ -187,6 +189,7 @@ class Guard:
         entry = None
         if failed is not None:  # the caller's first attempt: its error passes the gates' exits
             entry = Entry(self, item, 1, blocking)
+            entry.gates = self.gates
             self._exit(entry, len(self.gates), failed)
         while True:
             if entry is not None:
@@ -201,8 +204,12 @@ class Guard:
                 pass  # entry.error holds it
 
     async def _attempt(self, call: Call, entry: Entry, timing: Attempts) -> Any:
-        """The gates entered in order, the call, the gates exited the other way round."""
+        """The gates entered in order, the call, the gates exited the other way round (a
+        ``batch_api`` node's attempt that cannot go online: its budget's gates only)."""
         gates, entered = self.gates, 0
+        if self.online is not None and not self.online():
+            gates = self.offline  # type: ignore[assignment]  # set with self.online
+        entry.gates = gates
         try:
             for gate in gates:
                 waited = await gate.enter(entry)
@@ -225,7 +232,7 @@ class Guard:
         """The first ``entered`` gates exited, last first (those that hold: by the thread of
         a sync call under a timeout, when ``handed`` to it)."""
         entry.error = error
-        gates, handed = self.gates, entry.handed
+        gates, handed = entry.gates, entry.handed
         if entered == len(gates) and not handed:  # the usual case
             for gate in reversed(gates):
                 gate.exit(entry, error)
@@ -256,7 +263,7 @@ class Guard:
     async def _in_thread(self, call: Call, entry: Entry) -> Any:
         box: dict[str, Any] = {}
         done = threading.Event()
-        holding = tuple(g for g in self.gates if g.holds)
+        holding = tuple(g for g in entry.gates if g.holds)
         entry.handed = bool(holding)  # the thread exits them
 
         def work() -> None:

@@ -268,21 +268,23 @@ class _Fetch:
         self.needed = [(r, idents[r.name]) for r in needed]
         # where a built object's responses teach limits (a resource declaring none)
         self.learns = {r.name: limits_key(r, idents[r.name]) for r in needed if r.limits is None}
-        self.digests: dict[str, tuple[tuple[Any, ...], str]] = {}  # the last inputs' digest
+        # the last inputs (every value, as given), their digest and their dict, by resource
+        self.digests: dict[str, tuple[tuple[Any, ...], str, dict[str, Any]]] = {}
 
     def _inputs(self, res: Resource, values: Mapping[str, Any],
                 built: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-        inputs = {p: built[p] if p in built else values.get(p, res.defaults.get(p))
-                  for p in res.params}
-        plain = tuple(v for p, v in inputs.items() if p not in built)
-        if not plain:
-            return inputs, ""
+        """The resource's inputs and the digest of those not built; the last call's (the
+        same dict) when every input is the same object again (a map's broadcast values)."""
+        given = [built[p] if p in built else values.get(p, res.defaults.get(p))
+                 for p in res.params]
         last = self.digests.get(res.name)
-        if last is not None and len(last[0]) == len(plain) and all(
-                a is b for a, b in zip(last[0], plain)):
-            return inputs, last[1]
-        digest = hash_value(plain)
-        self.digests[res.name] = (plain, digest)
+        if last is not None and len(last[0]) == len(given) and all(
+                a is b for a, b in zip(last[0], given)):
+            return last[2], last[1]
+        inputs = dict(zip(res.params, given))
+        plain = tuple(v for p, v in inputs.items() if p not in built)
+        digest = hash_value(plain) if plain else ""
+        self.digests[res.name] = (tuple(given), digest, inputs)
         return inputs, digest
 
     def get(self, values: Mapping[str, Any]) -> dict[str, Any]:

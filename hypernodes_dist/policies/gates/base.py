@@ -41,7 +41,7 @@ class Entry:
     under a timeout (it exits them when the call really ends); ``error``: what the attempt
     raised (set before the exits); ``before``: the execution's usage when the call started
     (guards with ``Gate.meters`` gates); ``told``: the wait the error asked for (Retry-After,
-    set by the hold-off gate's exit; 0.0: none). The rarely set fields are class defaults:
+    set by the hold-off gate's exit; 0.0: none); ``gates``: the gates the attempt takes. The rarely set fields are class defaults:
     an attempt costs four assignments.
     """
 
@@ -51,6 +51,7 @@ class Entry:
     _metered: Usage | None = None
     told = 0.0
     kept: dict[int, Any] | None = None
+    gates: tuple[Any, ...] = ()  # the gates this attempt takes (set by the guard)
 
     def __init__(self, host: Host, item: int | None, attempt: int, blocking: bool) -> None:
         self.host, self.item, self.attempt, self.blocking = host, item, attempt, blocking
