@@ -19,7 +19,10 @@ from hypernodes_dist.errors import ResourceError
 
 from . import resource_graphs as R
 
-TEXTS = [f"review {i}: " + "good " * (i % 5) for i in range(120)]
+# 64 rows: more partitions or batches than any engine has processes (dask-processes: 10
+# partitions of 7 for its 8 flow processes), so a process builds and tears down its clients
+# while serving rows of each map
+TEXTS = [f"review {i}: " + "good " * (i % 5) for i in range(64)]
 
 
 @pytest.fixture(scope="module")

@@ -148,10 +148,10 @@ def test_a_token_limit_keeps_calls_under_the_providers_limit(engine, tight_serve
 
 @pytest.fixture(scope="module")
 def rpm_server(llm_servers):
-    """8 requests per sliding second: most of a burst gets 429 with retry-after. No
-    ``x-ratelimit-*`` headers: limits learned from them would pace the calls under the
-    limit, and this test is about the Retry-After of the 429s."""
-    return llm_servers(latency=(0.002, 0.008), rpm=8, window_seconds=1.0, headers=False)
+    """8 requests per sliding half second: most of a burst gets 429 with retry-after (the
+    24 rows take 3 windows). No ``x-ratelimit-*`` headers: limits learned from them would
+    pace the calls under the limit, and this test is about the Retry-After of the 429s."""
+    return llm_servers(latency=(0.002, 0.008), rpm=8, window_seconds=0.5, headers=False)
 
 
 @pytest.mark.parametrize("client", ["openai", "httpx"])
