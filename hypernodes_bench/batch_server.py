@@ -466,6 +466,9 @@ def _admin(app: web.Application, store: Store, batches: Batches) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
+    # stop() sends SIGINT: a server started from a shell that ignores it (a background job,
+    # nohup) would otherwise serve on until stop() kills it 10 s later, its folder left
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     folder = Path(tempfile.mkdtemp(prefix="hn-batch-server-"))
     store = Store(folder, json.loads(args.config))
     batches = Batches(store)

@@ -5,7 +5,9 @@ node using a module-level ``AsyncOpenAI`` client. The client torn down in (1) wa
 under the cell's loop, and its finalizer closed its connections from the main thread with
 the process loop's non-threadsafe ``call_soon``, after its sockets had been freed: it
 unregistered the numbers of newer connections, whose answers the loop never saw. Each case
-runs in a subprocess with a timeout, so a regression fails instead of hanging the suite. Real ``openai`` clients against the loopback server."""
+runs in a subprocess with a timeout, so a regression fails instead of hanging the suite.
+Real ``openai`` clients against the session's loopback server (its URL on the command line:
+one server for the three cases)."""
 
 from __future__ import annotations
 
@@ -17,13 +19,11 @@ import pytest
 SCRIPT = '''
 import asyncio, gc, sys
 import openai
-from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import Graph, node, resource
 from hypernodes_dist.engines import GraphEngine
 
-CASE = sys.argv[1]
-server = LLMServer().__enter__()
-BASE = server.base_url
+CASE, BASE = sys.argv[1:3]
 client = openai.AsyncOpenAI(base_url=BASE, api_key="loopback", max_retries=0, timeout=60)
 
 
@@ -81,19 +81,19 @@ assert all([r["label"] for r in out] == want for out in outs)
 assert last["label"] == label_of("y")
 out = Graph([classify_global]).map({"text": texts}, map_over="text")
 assert [r["label"] for r in out] == want
-server.__exit__(None, None, None)
 print("done")
 '''
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", ["local", "dask-threads", "daft"])
-def test_engine_close_then_a_notebook_cell_then_a_module_level_client_map(tmp_path, case):
+def test_engine_close_then_a_notebook_cell_then_a_module_level_client_map(tmp_path, case,
+                                                                          llm_server):
     script = tmp_path / "steps.py"
     script.write_text(SCRIPT)
     try:
-        done = subprocess.run([sys.executable, str(script), case], capture_output=True,
-                              text=True, timeout=180)
+        done = subprocess.run([sys.executable, str(script), case, llm_server.base_url],
+                              capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the three steps ({case}) did not finish in 180 s:\n{exc.stderr}")
     assert done.returncode == 0, done.stderr[-3000:]
