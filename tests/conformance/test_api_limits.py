@@ -42,15 +42,16 @@ def _complete(res) -> list:
 
 
 def test_a_resource_limit_holds_across_two_nodes(engine, bucket_server):
-    """concurrency=3 and 30/s on the resource: both nodes together stay within them."""
-    key = _key()
+    """concurrency=3 and 30/s on the resource: both nodes together stay within them (40
+    calls: at 3 in flight unpaced they all start within a second)."""
+    key, texts = _key(), TEXTS[:20]
     graph = Graph([A.shared_api, A.ask_first, A.ask_second], engine=engine)
-    res = graph.map({"text": TEXTS, "base_url": bucket_server.base_url, "api_key": key},
+    res = graph.map({"text": texts, "base_url": bucket_server.base_url, "api_key": key},
                     map_over="text")
     rows = _complete(res)
-    assert [r["first"] for r in rows] == [label_of(t) for t in TEXTS]
+    assert [r["first"] for r in rows] == [label_of(t) for t in texts]
     seen = bucket_server.keys()[key]
-    assert seen["ok"] == 2 * len(TEXTS)
+    assert seen["ok"] == 2 * len(texts)
     assert seen["max_in_flight"] <= 3, seen  # one limit, not 3 per node
     assert seen["peak_window"] <= 33, seen  # 30 starts a second (+1, +2 of jitter)
     assert seen["rate_limited"] == 0, seen
