@@ -2,7 +2,8 @@
 ``test_batch_kill.py``: ``python -m tests.batch_job_child PROVIDER ENGINE BASE_URL
 ANTHROPIC_URL INTO ROWS``. A dataset map (Parquet rows in, ``into=`` out) whose ``batch_api=True`` node
 calls the real ``openai`` (sync) or ``anthropic`` client through a resource; prints one
-JSON line: rows, pending, failed and the labels by row."""
+JSON line: rows, pending, failed and the labels by row (``run``, which the local engine's
+reruns call in the test's own process)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def engine_of(name: str) -> Engine | None:
     return None  # the default: local
 
 
-def main(provider: str, engine: str, base_url: str, anthropic_url: str, into: str,
-         rows: str) -> None:
+def run(provider: str, engine: str, base_url: str, anthropic_url: str, into: str,
+        rows: str) -> dict:
+    """The job: rows, pending, failed and the labels by row."""
     if provider == "openai":
         nodes, inputs = [B.oa_sync, B.label_sync], {"base_url": base_url}
     else:
@@ -34,8 +36,12 @@ def main(provider: str, engine: str, base_url: str, anthropic_url: str, into: st
     graph = Graph([*nodes, B.shout], engine=engine_of(engine))
     res = graph.map(source=pa.table({"text": texts}), inputs=inputs, into=into)
     table = res.to_arrow().sort_by("_hn_row")
-    print(json.dumps({"rows": res.rows, "pending": res.pending, "failed": res.failed,
-                      "labels": table.column("label").to_pylist()}))
+    return {"rows": res.rows, "pending": res.pending, "failed": res.failed,
+            "labels": table.column("label").to_pylist()}
+
+
+def main(*argv: str) -> None:
+    print(json.dumps(run(*argv)))
 
 
 if __name__ == "__main__":

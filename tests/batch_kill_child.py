@@ -1,6 +1,7 @@
 """A batch driver in its own process, SIGKILLed by itself at a chosen point (the kill tests
 of ``test_batch_driver.py``): ``python batch_kill_child.py PROVIDER BASE_URL FOLDER KILL_AT``
-with KILL_AT one of upload, create, poll, download, or "" to run to the end."""
+with KILL_AT one of upload, create, poll, download, or "" to run to the end (the tests'
+reruns await ``main`` in their own process)."""
 
 from __future__ import annotations
 

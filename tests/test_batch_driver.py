@@ -29,6 +29,7 @@ from hypernodes_dist.batchapi.recording import (
 )
 from hypernodes_dist.batchapi.store import AnswerStore, Ledger, RequestLog
 from hypernodes_dist.errors import BudgetExceededError
+from tests.batch_kill_child import main as drive_to_the_end
 from tests.batchrig import drive
 
 CHAT = "/v1/chat/completions"
@@ -270,7 +271,9 @@ def test_sigkill_then_rerun_sends_each_request_once(fake, tmp_path, provider, ki
              url, str(folder)]
     killed = subprocess.run([*child, kill_at], timeout=120)
     assert killed.returncode == -signal.SIGKILL
-    subprocess.run([*child, ""], timeout=120, check=True)
+    # the rerun: a new driver on the folder, in this process (which never drove it; a child
+    # would import the provider's client again: ~1-2 CPU s each)
+    asyncio.run(drive_to_the_end(provider, url, str(folder), ""))
     for t in texts:
         assert call(client, t) == call(base, t)
     counts = fake.counts()

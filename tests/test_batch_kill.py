@@ -1,7 +1,8 @@
 """Kill tests of a whole Batch API job (issue 32): the job's process group is SIGKILLed
 right after an upload, right after a batch is created, while polling and while
-downloading; the rerun completes, and over both runs every distinct request reached the
-provider exactly once (the fake's counts).
+downloading; the rerun (a child on Dask processes, the test's own process on the local
+engine) completes, and over both runs every distinct request reached the provider exactly
+once (the fake's counts).
 
 The moment is the fake provider's: its ``hang`` knob makes the request at that point do
 its work (the file stored, the batch created, the status or results read) and never
@@ -23,6 +24,7 @@ import pytest
 from hypernodes_bench.batch_server import BatchServer
 from hypernodes_bench.llm_server import label_of
 from hypernodes_dist.run.batchmap import POLL_ENV
+from tests.batch_job_child import run as run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 10
@@ -52,6 +54,21 @@ def _kill_when_hung(fake: BatchServer, job: subprocess.Popen) -> None:
     assert job.wait(timeout=60) == -signal.SIGKILL
 
 
+def _rerun(fake: BatchServer, provider: str, engine: str, into: Path) -> dict:
+    """The job again to its end: in this process on the local engine (which never ran it; a
+    child would import the provider's client again, ~1-2 CPU s), in a child on Dask
+    processes (whose worker pool is spawned from the job's main module)."""
+    if engine == "local":
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(POLL_ENV, "0.05")
+            return run_job(provider, engine, fake.base_url, fake.anthropic_base_url,
+                           str(into), str(ROWS))
+    rerun = subprocess.run(_job(fake, provider, engine, into), env=_env(), text=True,
+                           capture_output=True, cwd=ROOT, timeout=300, start_new_session=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    return json.loads(rerun.stdout.strip().splitlines()[-1])
+
+
 def _kill_then_rerun(fake: BatchServer, tmp_path: Path, provider: str, kill_at: str,
                      engine: str = "local") -> None:
     fake.configure(hang=kill_at, delay=3600 if kill_at == "status" else 0)
@@ -66,10 +83,7 @@ def _kill_then_rerun(fake: BatchServer, tmp_path: Path, provider: str, kill_at: 
             os.killpg(job.pid, signal.SIGKILL)
     fake.configure(hang=None, delay=0)
     fake.complete()   # a batch left running (killed while polling) answers now
-    rerun = subprocess.run(_job(fake, provider, engine, into), env=_env(), text=True,
-                           capture_output=True, cwd=ROOT, timeout=300, start_new_session=True)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    got = json.loads(rerun.stdout.strip().splitlines()[-1])
+    got = _rerun(fake, provider, engine, into)
     assert (got["rows"], got["pending"], got["failed"]) == (ROWS, 0, 0)
     assert got["labels"] == [label_of(f"job row {i}") for i in range(ROWS)]
     counts = fake.counts()   # over both runs
