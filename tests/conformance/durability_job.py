@@ -52,17 +52,22 @@ def engine_of(engine_id: str) -> Engine:
     return dict(ENGINES)[engine_id]()
 
 
-def main(argv: list[str]) -> None:
-    engine_id, source, into, log_dir, case_json = argv
-    case = Killed(**json.loads(case_json))
+def run(engine_id: str, source: str, into: str, log_dir: str, case: Killed) -> int:
+    """The map; its rows (the tests' reruns on engines that start no process call this in
+    their own process)."""
     engine = engine_of(engine_id)
     try:
-        res = Graph([case.node], engine=engine).map(
+        return Graph([case.node], engine=engine).map(
             source=source, inputs={"log_dir": log_dir, "delay": case.delay}, into=into,
-            commit_seconds=case.commit)
-        print(f"rows={res.rows}", flush=True)
+            commit_seconds=case.commit).rows
     finally:
         engine.close()
+
+
+def main(argv: list[str]) -> None:
+    engine_id, source, into, log_dir, case_json = argv
+    rows = run(engine_id, source, into, log_dir, Killed(**json.loads(case_json)))
+    print(f"rows={rows}", flush=True)
 
 
 if __name__ == "__main__":
