@@ -5,7 +5,8 @@ A driver process (this module run as ``python -m tests.test_resume_map``) maps a
 sleeps a little and appends ``<item> <time>`` to a per-process log file when it finishes.
 The test kills the driver's whole process group (SIGKILL: the driver and any worker
 processes it started) once enough items are logged, runs the same map again on the same
-cache, and counts executions through the log files:
+cache (in its own process on engines that start no process, else in a new driver), and
+counts executions through the log files:
 
 - every item is executed at least once over the two runs, and at most twice; every result
   of the rerun is correct;
@@ -46,6 +47,7 @@ ASYNC_DELAY = 0.1  # 100 calls in flight per batch: 20 waves of 0.1 s
 KILL_AT_S = 1.5  # run 1 is killed at least this long after its first item finished,
 MARGIN_S = 0.5  # and at least this long past the persistence bound measured so far
 SLICE = PERSIST_SLICE  # sync calls handed to the write buffer together
+IN_PROCESS = {"local", "dask-threads", "daft"}  # their reruns run in the test's process
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and killpg")
 
@@ -190,6 +192,22 @@ def _slice_seconds(run1: dict[str, list[tuple[int, float]]]) -> float:
     return longest
 
 
+def _rerun(engine: str, kind: str, tmp: Path) -> None:
+    """The same map to its end: in this process on engines that start no process (a child
+    would import them again, ~1 CPU s), else in a child as run 1."""
+    if engine in IN_PROCESS:
+        drive([engine, kind, str(tmp / "cache"), str(tmp / "logs"), str(tmp / "run2.json")])
+        return
+    rerun = _start(engine, kind, tmp, tmp / "run2.json")
+    try:
+        rerun_out = rerun.communicate(timeout=120)[0].decode(errors="replace")
+    finally:
+        if rerun.poll() is None:
+            os.killpg(rerun.pid, signal.SIGKILL)
+            rerun.wait()
+    assert rerun.returncode == 0, rerun_out[-3000:]
+
+
 def _interrupt_and_resume(tmp: Path, engine: str, kind: str, sig: int) -> dict:
     """Run 1 for ``KILL_AT_S``, deliver ``sig``, rerun to completion, count executions."""
     logs = tmp / "logs"
@@ -215,14 +233,7 @@ def _interrupt_and_resume(tmp: Path, engine: str, kind: str, sig: int) -> dict:
     for f in logs.glob("*.log"):  # run 1's executions; the rerun writes fresh files
         f.rename(f.with_suffix(".run1"))
 
-    rerun = _start(engine, kind, tmp, tmp / "run2.json")
-    try:
-        rerun_out = rerun.communicate(timeout=120)[0].decode(errors="replace")
-    finally:
-        if rerun.poll() is None:
-            os.killpg(rerun.pid, signal.SIGKILL)
-            rerun.wait()
-    assert rerun.returncode == 0, rerun_out[-3000:]
+    _rerun(engine, kind, tmp)
     assert json.loads((tmp / "run2.json").read_text()) == [f"y={x * x}" for x in range(N)]
 
     run1 = _logged(logs, ".run1")
