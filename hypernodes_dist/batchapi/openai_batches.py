@@ -27,6 +27,7 @@ from hypernodes_dist.batchapi.transport import (
     FAILED,
     RUNNING,
     SERVER_ERROR,
+    SUCCEEDED,
     BatchError,
     BatchFile,
     BatchInfo,
@@ -165,6 +166,9 @@ def _info(batch: Any) -> BatchInfo:
 
 
 def _line_result(raw: bytes) -> LineResult:
+    kept = _answered(raw)
+    if kept is not None:
+        return kept
     obj = json.loads(raw)
     cid, response, error = obj.get("custom_id"), obj.get("response"), obj.get("error")
     if response:
@@ -175,3 +179,35 @@ def _line_result(raw: bytes) -> LineResult:
     error = error or {}
     return LineResult(cid, _LINE_ERRORS.get(str(error.get("code")), SERVER_ERROR), None, None,
                       f"{error.get('code')}: {error.get('message', '')}")
+
+
+_BODY = '"body":'
+_MARK = "\x00hn-body"  # what the body is replaced with to parse the rest of a line
+_SCAN = json.JSONDecoder()
+
+
+def _answered(raw: bytes) -> LineResult | None:
+    """A 2xx line with its body as the JSON bytes it came as (the answer store keeps them
+    as they are: parsed once here, never encoded again), or None: parse the line whole.
+    The first ``"body":`` of a line is a key (quotes inside strings are escaped); the rest
+    of the line, with a marker in that body's place, must put the marker at
+    ``response.body`` (else: None)."""
+    text = raw.decode()
+    at = text.find(_BODY)
+    if at < 0:
+        return None
+    start = at + len(_BODY)
+    while start < len(text) and text[start] in " \t\r\n":
+        start += 1
+    try:
+        end = _SCAN.raw_decode(text, start)[1]
+        obj = json.loads(text[:start] + json.dumps(_MARK) + text[end:])
+    except ValueError:
+        return None
+    response = obj.get("response") if isinstance(obj, dict) else None
+    if not isinstance(response, dict) or response.get("body") != _MARK:
+        return None
+    status = response.get("status_code")
+    if type(status) is not int or not 200 <= status < 300:
+        return None
+    return LineResult(obj.get("custom_id"), SUCCEEDED, status, text[start:end].encode(), "")

@@ -428,8 +428,11 @@ class AnswerWriter:
         self.lines: list[tuple[str, int, int, int]] = []  # digest, status, offset, length
 
     def add(self, digest: str, answer: Answer) -> None:
+        """One answer; a body given as bytes is its JSON as the provider sent it (one line)."""
+        body = answer.body
         line = b"".join((b'{"d":"', digest.encode(), b'","s":', str(answer.status).encode(),
-                         b',"b":', _COMPACT.encode(answer.body).encode(), b"}\n"))
+                         b',"b":', body if isinstance(body, bytes) else _COMPACT.encode(
+                             body).encode(), b"}\n"))
         self.lines.append((digest, answer.status, self.file.tell(), len(line)))
         self.file.write(line)
         self.n += 1

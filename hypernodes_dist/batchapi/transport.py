@@ -150,7 +150,8 @@ class LineResult(NamedTuple):
     custom_id: str
     kind: str                  # SUCCEEDED, CLIENT_ERROR, ... (above)
     status: int | None = None  # the HTTP status of an answered line
-    body: Any = None           # its response body (the online one; an error body)
+    body: Any = None           # its response body (the online one; an error body); a 2xx
+    # body may be the JSON bytes the provider sent (one line), kept as they came
     message: str = ""
 
     @property

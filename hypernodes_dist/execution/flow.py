@@ -337,11 +337,11 @@ async def drive(items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
                 on_done: Callable[[Flow], Any] | None = None) -> None:
     """Start each ``(flow, item)`` in order, at most ``window`` in flight; ``on_done(flow)``
     after each item. The first error (``on_error="raise"``) cancels the rest and is raised."""
-    tasks: set[asyncio.Task[None]] = set()
+    tasks: dict[int, asyncio.Task[None]] = {}  # by the order the items started in
     failure: list[BaseException] = []
     idle = asyncio.Event()  # set when no item runs any more, or one failed
 
-    async def one(flow: Flow, i: int) -> None:
+    async def one(flow: Flow, i: int, n: int) -> None:
         WINDOW.set(window)
         try:
             await run_item(flow, i)
@@ -353,31 +353,28 @@ async def drive(items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
             return
         finally:
             window.release()
-            forget()
+            del tasks[n]  # the item's task is over (here: no done-callback turn)
+            if not tasks:
+                idle.set()
         if on_done is not None and not failure:
             on_done(flow)
 
-    def forget() -> None:  # the item's task is over (in the task: no done-callback turn)
-        tasks.discard(current_task())  # type: ignore[arg-type]  # one runs as a task
-        if not tasks:
-            idle.set()
-
-    current_task = asyncio.current_task
     loop = asyncio.get_running_loop()
     try:
-        for flow, i in items:
+        for n, (flow, i) in enumerate(items):
             await window.acquire()
             if failure:
                 window.release()
                 break
-            tasks.add(loop.create_task(one(flow, i)))
+            tasks[n] = loop.create_task(one(flow, i, n))
         while tasks and not failure:
             idle.clear()
             await idle.wait()
     finally:
         if tasks:  # an error, or the caller was cancelled: stop the items still running
-            for task in tasks:
+            running = list(tasks.values())
+            for task in running:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
     if failure:
         raise failure[0]
