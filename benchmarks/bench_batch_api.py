@@ -57,7 +57,7 @@ from hypernodes_bench.tables import machine, print_table, write_results
 from hypernodes_dist import DiskCache, Graph, meter, node
 from hypernodes_dist import resource as hn_resource
 from hypernodes_dist.batchapi import transport_for
-from hypernodes_dist.batchapi.identity import request_digest
+from hypernodes_dist.batchapi.identity import Canonical, canonical_body, digest_of
 from hypernodes_dist.batchapi.recording import BatchWait, recording_client
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
 from hypernodes_dist.run.batchloop import BatchLoop
@@ -72,6 +72,7 @@ TPM = 2_000_000        # online tokens a minute
 COLUMNS = ["part", "rows", "requests", "received_max", "cost_usd", "wall_s", "own_cpu_s",
            "own_s_per_1M", "peak_rss_mb"]
 PHASE_COLUMNS = ["phase", "cpu_s", "s_per_1M", "share"]
+CHUNK = 1000           # result lines timed at once
 
 
 def text_of(i: int) -> str:
@@ -118,8 +119,10 @@ class TimedTransport:
         self.inner, self.phases = inner, phases
         self.provider, self.limits, self.map_id = inner.provider, inner.limits, inner.map_id
 
-    def line(self, endpoint: str, body: Any) -> Any:
-        return self.inner.line(endpoint, body)
+    def line(self, endpoint: str, body: Any, digest: str | None = None) -> Any:
+        # (a tree whose driver passes no digest has transports without the parameter)
+        return self.inner.line(endpoint, body) if digest is None else \
+            self.inner.line(endpoint, body, digest)
 
     def pack(self, lines: Any) -> Any:
         return self.inner.pack(lines)
@@ -141,16 +144,19 @@ class TimedTransport:
         return await self._timed("create + poll", self.inner.status, batch_id)
 
     async def results(self, info: Any) -> Any:
-        it = self.inner.results(info).__aiter__()
-        while True:
-            t = time.thread_time()
+        """The lines read ``CHUNK`` at a time, each chunk timed (a clock read per line
+        would cost more than some phases measured)."""
+        it, more = self.inner.results(info).__aiter__(), True
+        while more:
+            t, chunk = time.thread_time(), []
             try:
-                r = await it.__anext__()
+                while len(chunk) < CHUNK:
+                    chunk.append(await it.__anext__())
             except StopAsyncIteration:
-                self.phases.add("download + parse", time.thread_time() - t)
-                return
+                more = False
             self.phases.add("download + parse", time.thread_time() - t)
-            yield r
+            for r in chunk:
+                yield r
 
     async def cancel(self, batch_id: str) -> Any:
         return await self.inner.cancel(batch_id)
@@ -211,15 +217,18 @@ class Rows:
             for i, text in enumerate(chunk, start):
                 if self.done[i]:
                     continue
+                # as the recording client does: the body encoded once, its answer's body
+                # read as bytes (``raw``) and parsed by the client
                 body = body_of(text)
-                answer = answers.get(request_digest(ENDPOINT, body))
+                canonical = canonical_body(body)
+                answer = answers.raw(digest_of(ENDPOINT, canonical))
                 if answer is None:
-                    self.record(ENDPOINT, body)
+                    self.record(ENDPOINT, Canonical(body, canonical))
                     waiting += 1
                     continue
                 self.done[i] = 1
                 finished["id"].append(i)
-                finished["label"].append(answer.body["choices"][0]["message"]["content"])
+                finished["label"].append(label(answer.body))
             start += len(chunk)
         if finished["id"]:
             pq.write_table(pa.table(finished), self.out / f"part-{self.rounds:04d}.parquet")
@@ -227,6 +236,12 @@ class Rows:
                         time.thread_time() - t)
         self.rounds += 1
         return waiting
+
+
+def label(body: Any) -> str:
+    """The label in a chat completion's body (its JSON bytes, or parsed)."""
+    return (json.loads(body) if isinstance(body, bytes) else body)[
+        "choices"][0]["message"]["content"]
 
 
 def part_driver(src: Path, out: Path, folder: Path, base_url: str) -> dict[str, Any]:

@@ -155,9 +155,9 @@ def test_openai_batch_answers_equal_the_online_answers(fake, kind):
                 resource = {CHAT: client.chat.completions, "/v1/embeddings": client.embeddings,
                             "/v1/responses": client.responses}[endpoint]
                 online = await t.call(resource.create, **body)
-                # a 2xx body is kept as the JSON bytes the provider sent
-                assert isinstance(got.body, bytes)
-                assert online.to_dict() == json.loads(got.body)  # field for field
+                # a 2xx body is kept as the JSON bytes the provider sent (read: decoded)
+                assert isinstance(got.raw, bytes)
+                assert online.to_dict() == got.body  # field for field
     run(main())
     counts, stats = fake.counts(), fake.stats()
     assert all(counts[request_key(e, b)] == [2, 2] for e, b in requests)  # batch + online
@@ -474,3 +474,31 @@ def test_embeddings_answer_base64_when_asked_as_the_openai_client_does(fake):
     floats = client.embeddings.create(model="emb", input="a b", encoding_format="float")
     assert decoded == pytest.approx(floats.data[0].embedding) and len(decoded) == 8
     client.close()
+
+
+def test_result_lines_keep_their_body_bytes_and_any_other_shape_is_parsed_whole():
+    """A succeeded line in the provider's documented shape keeps its body as the bytes it
+    came with (written to the answer file as they are); a file in another shape (a key after
+    the body, another order) is parsed whole, and both read the same."""
+    from hypernodes_dist.batchapi import anthropic_batches as ab
+    from hypernodes_dist.batchapi import openai_batches as ob
+    from hypernodes_dist.batchapi.transport import read_results
+
+    body = {"id": "c", "choices": [{"message": {"content": 'a "}, \\"error\\": null}'}}]}
+    line = {"id": "r", "custom_id": "t_1", "response": {
+        "status_code": 200, "request_id": "q", "body": body}, "error": None}
+    spaced, compact = json.dumps(line).encode(), json.dumps(line, separators=(",", ":")).encode()
+    after = json.dumps({"id": "r", "custom_id": "t_2", "response": {
+        "status_code": 200, "body": body, "request_id": "q"}, "error": None}).encode()
+    extra = json.dumps({"id": "r", "custom_id": "t_3", "response": {
+        "status_code": 200, "request_id": "q", "body": body, "x": {"y": 1}}, "error": None})
+    for lines in ([spaced, compact], [after, spaced], [extra.encode(), spaced]):
+        got = list(read_results(b"\n".join(lines) + b"\n", ob._fast_result, ob._line_result))
+        assert [r.body for r in got] == [body, body]
+        assert [r.kind for r in got] == [SUCCEEDED, SUCCEEDED]
+        assert (got[0].raw is not None) == (lines[0] is spaced)  # trusted once checked
+        assert got[0].raw is None or json.loads(got[0].raw) == body
+    message = {"id": "m", "content": [{"type": "text", "text": "}}"}]}
+    line = json.dumps({"custom_id": "t_4", "result": {"type": "succeeded", "message": message}})
+    [got] = read_results(line.encode(), ab._fast_result, ab._line_result)
+    assert got.raw is not None and got.body == message and got.status == 200

@@ -20,6 +20,7 @@ the ledger's files it is.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import aclosing
 from dataclasses import replace
@@ -42,6 +43,7 @@ from hypernodes_dist.batchapi.transport import (
     LineResult,
     QueueLimitError,
     kind_of_status,
+    read_results,
     refuse_streaming,
 )
 
@@ -83,14 +85,16 @@ class AnthropicBatches:
         return (any(c.__module__.split(".")[0] == "anthropic" for c in type(client).__mro__)
                 and hasattr(getattr(client, "messages", None), "batches"))
 
-    def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
+    def line(self, endpoint: str, body: Mapping[str, Any], digest: str | None = None) -> Line:
         if "/" + endpoint.strip("/").replace(".", "/").removeprefix("v1/") != "/messages":
             raise ValueError(f"the Anthropic Batch API path takes {ENDPOINT} "
                              f"(messages.create); got {endpoint!r}: call it with "
                              "batch_api=False")
         refuse_streaming(body)
         canonical = canonical_body(body)
-        cid = f"{self.tag}_{digest_of(ENDPOINT, canonical)}"
+        if digest is None or endpoint != ENDPOINT:
+            digest = digest_of(ENDPOINT, canonical)
+        cid = f"{self.tag}_{digest}"
         data = b"".join((b'{"custom_id":"', cid.encode(), b'","params":', canonical, b"}\n"))
         return Line(cid, ENDPOINT, body.get("model"), data)
 
@@ -120,9 +124,8 @@ class AnthropicBatches:
         url = info.results_url or f"{ENDPOINT}/batches/{info.id}/results"
         data = await self.call(self.client.get, url, cast_to=bytes,
                                options={"headers": {"Accept": "application/binary"}})
-        for raw in data.splitlines():
-            if raw.strip():
-                yield _line_result(raw)
+        for r in read_results(data, _fast_result, _line_result):
+            yield r
 
     async def cancel(self, batch_id: str) -> BatchInfo:
         return await self.call.about(self.client.messages.batches.cancel, batch_id,
@@ -169,6 +172,25 @@ def _info(batch: Any) -> BatchInfo:
 
 def _unconfirmed(info: BatchInfo) -> BatchInfo:
     return replace(info, confirmed=False)
+
+
+# a succeeded line as Anthropic documents it (either spacing), the message its last key
+_SUCCEEDED = re.compile(rb'\{"custom_id": ?"([^"\\]*)", ?"result": ?\{"type": ?"succeeded", ?'
+                        rb'"message": ?')
+_ENDS = (b"}}", b"} }")
+
+
+def _fast_result(raw: bytes) -> LineResult | None:
+    """A succeeded line read without parsing it: the custom_id scanned, the message kept
+    as its bytes (None: not in that shape, to be parsed)."""
+    m = _SUCCEEDED.match(raw)
+    if m is None:
+        return None
+    for end in _ENDS:
+        if raw.endswith(end):
+            return LineResult(m.group(1).decode(), SUCCEEDED, 200,
+                              raw=raw[m.end():len(raw) - len(end)])
+    return None
 
 
 def _line_result(raw: bytes) -> LineResult:

@@ -90,6 +90,13 @@ def _digest(custom_id: str) -> str:
     return custom_id.split("_", 1)[1]
 
 
+def _digests(file: BatchFile) -> list[str]:
+    """The request digests of a file's lines (one transport, one map tag: sliced off)."""
+    cids = file.custom_ids
+    cut = cids[0].index("_") + 1 if cids else 0
+    return [c[cut:] for c in cids]
+
+
 class BatchDriver:
     """Submit / poll / download for one transport, over a batch folder."""
 
@@ -109,6 +116,7 @@ class BatchDriver:
         self.counts = DriverCounts()
         self._last: dict[str, Answer] = {}  # digest -> its latest unanswered outcome
         self._reserved: set[str] = set()    # digests the budget took in this driver
+        self._taken: set[str] = set()       # digests in a live batch or this submit's files
         self.held = False     # refused for the queue limit: no new file until a batch ends
         self.again = False    # lines wait to be submitted again (a submit may take them)
         self.stopped = False  # the user cancelled the map's batches while this driver ran
@@ -137,9 +145,14 @@ class BatchDriver:
         """Batches the provider no longer knows (404), by id."""
         return [str(f.batch_id) for f in self.files.values() if f.state == "lost"]
 
+    def has_line(self, digest: str) -> bool:
+        """Whether a request needs no line: answered, or in a live batch (as of the running
+        submit), so that the request log may pass over it unparsed."""
+        return digest in self._taken or digest in self.answers
+
     def to_submit(self, requests: Iterable[Request]) -> Iterator[Request]:
         """The requests that go into the next batches (a generator)."""
-        live = self._live()
+        live = self._taken = self._live()
         history: tuple[Counter[str], dict[str, str]] | None = None
         self.answers.refresh()
         for req in requests:
@@ -187,7 +200,8 @@ class BatchDriver:
         if self.stopped or (self.held and self.running):
             return 0
         self.held = self.again = False
-        lines = (self.transport.line(r.endpoint, r.body) for r in self.to_submit(requests))
+        line = self.transport.line  # the log's digest: not computed again
+        lines = (line(r.endpoint, r.body, r.digest) for r in self.to_submit(requests))
         sent = 0
         for file in self.transport.pack(lines):
             outcome = await self._submit_file(file)
@@ -198,8 +212,7 @@ class BatchDriver:
 
     async def _submit_file(self, file: BatchFile) -> str:
         """Upload and create one file: "created", "held" (queue limit) or "failed"."""
-        state = FileState(f"{file.tag}-{time.time_ns():x}", file.tag,
-                          [_digest(c) for c in file.custom_ids])
+        state = FileState(f"{file.tag}-{time.time_ns():x}", file.tag, _digests(file))
         self.files[state.fid] = state
         self.ledger.write("file", fid=state.fid, tag=file.tag, digests=state.digests)
         self.counts.files += 1
@@ -318,10 +331,10 @@ class BatchDriver:
                 if r.retry:
                     self._last[digest] = _error_answer(r)
                     again.add(digest)
-                else:
+                else:  # a succeeded line's body written as the provider sent it
                     status = int(r.status or 200)
                     failed += status >= 400
-                    out.add(digest, Answer(status, r.body))
+                    out.add(digest, Answer(status, r.body if r.raw is None else r.raw))
             answered = out.n
             if state.online:
                 for d in state.digests:

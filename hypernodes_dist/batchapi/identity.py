@@ -61,7 +61,5 @@ def custom_id(tag: str, endpoint: str, body: Mapping[str, Any]) -> str:
 
 def file_tag(custom_ids: Iterable[str]) -> str:
     """16 hex digits naming a file by its custom_ids (in order)."""
-    h = hashlib.blake2b(digest_size=8)
-    for cid in custom_ids:
-        h.update(cid.encode() + b"\n")
-    return h.hexdigest()
+    joined = "".join([f"{cid}\n" for cid in custom_ids])  # one update, not one per line
+    return hashlib.blake2b(joined.encode(), digest_size=8).hexdigest()

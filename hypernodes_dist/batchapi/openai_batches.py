@@ -13,6 +13,7 @@ crash between create and the ledger) is found that way.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import aclosing
 from typing import Any, ClassVar
@@ -36,6 +37,7 @@ from hypernodes_dist.batchapi.transport import (
     LineResult,
     QueueLimitError,
     kind_of_status,
+    read_results,
     refuse_streaming,
 )
 
@@ -79,11 +81,13 @@ class OpenAIBatches:
         return (any(c.__module__.split(".")[0] == "openai" for c in type(client).__mro__)
                 and hasattr(client, "batches") and hasattr(client, "files"))
 
-    def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
+    def line(self, endpoint: str, body: Mapping[str, Any], digest: str | None = None) -> Line:
         url = _endpoint(endpoint)
         refuse_streaming(body)
         canonical = canonical_body(body)
-        cid = f"{self.tag}_{digest_of(url, canonical)}"
+        if digest is None or url != endpoint:
+            digest = digest_of(url, canonical)
+        cid = f"{self.tag}_{digest}"
         data = b"".join((b'{"custom_id":"', cid.encode(), b'","method":"POST","url":"',
                          url.encode(), b'","body":', canonical, b"}\n"))
         got = body.get("input") if url == "/v1/embeddings" else None
@@ -121,9 +125,8 @@ class OpenAIBatches:
             if not file_id:
                 continue
             content = await self.call(self.client.files.content, file_id)
-            for raw in content.content.splitlines():
-                if raw.strip():
-                    yield _line_result(raw)
+            for r in read_results(content.content, _fast_result, _line_result):
+                yield r
 
     async def cancel(self, batch_id: str) -> BatchInfo:
         return await self.call.about(self.client.batches.cancel, batch_id, self.provider, _info,
@@ -163,6 +166,25 @@ def _info(batch: Any) -> BatchInfo:
         errors=errors, metadata=dict(batch.metadata or {}), created_at=float(batch.created_at),
         input_file_id=batch.input_file_id, output_file_id=batch.output_file_id,
         error_file_id=batch.error_file_id)
+
+
+# a succeeded line as OpenAI documents it (either spacing), its body the last key of "response"
+_SUCCEEDED = re.compile(rb'\{"id": ?"[^"\\]*", ?"custom_id": ?"([^"\\]*)", ?"response": ?\{'
+                        rb'"status_code": ?(2\d\d), ?"request_id": ?(?:"[^"\\]*"|null), ?"body": ?')
+_ENDS = (b'}, "error": null}', b'},"error":null}')
+
+
+def _fast_result(raw: bytes) -> LineResult | None:
+    """A succeeded line read without parsing it: custom_id and status scanned, the body
+    kept as its bytes (None: not in that shape, to be parsed)."""
+    m = _SUCCEEDED.match(raw)
+    if m is None:
+        return None
+    for end in _ENDS:
+        if raw.endswith(end):
+            return LineResult(m.group(1).decode(), SUCCEEDED, int(m.group(2)),
+                              raw=raw[m.end():len(raw) - len(end)])
+    return None
 
 
 def _line_result(raw: bytes) -> LineResult:
@@ -210,4 +232,4 @@ def _answered(raw: bytes) -> LineResult | None:
     status = response.get("status_code")
     if type(status) is not int or not 200 <= status < 300:
         return None
-    return LineResult(obj.get("custom_id"), SUCCEEDED, status, text[start:end].encode(), "")
+    return LineResult(obj.get("custom_id"), SUCCEEDED, status, raw=text[start:end].encode())

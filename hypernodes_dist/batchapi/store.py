@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import json.scanner
 import os
 import threading
 import time
@@ -61,7 +62,7 @@ class RequestLog:
         self.folder = self.root / "requests"
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._pid = 0
+        self._pid = self._forks = 0
         self._offsets: dict[str, int] = {}
         self._seen: set[str] = set()
         self.sources: set[str] = set()  # the sources ``requests()`` has met
@@ -81,11 +82,11 @@ class RequestLog:
         data = b"".join((b'{"d":"', digest_of(endpoint, canonical).encode(), middle, canonical,
                          b"}\n"))
         with self._lock:
-            if self._fd is None or self._pid != os.getpid():
+            if self._fd is None or self._forks != _FORKS[0]:  # a forked child: its own file
                 self.folder.mkdir(parents=True, exist_ok=True)
                 path = self.folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                self._pid = os.getpid()
+                self._pid, self._forks = os.getpid(), _FORKS[0]
                 weakref.finalize(self, _close_fd, self._fd, self._pid)
             os.write(self._fd, data)
 
@@ -106,9 +107,12 @@ class RequestLog:
                     out.append(req)
         return out
 
-    def requests(self, source: str | None = None) -> Iterator[Request]:
+    def requests(self, source: str | None = None,
+                 skip: Callable[[str], bool] | None = None) -> Iterator[Request]:
         """Every distinct request recorded so far (of ``source``), read from the files as a
-        generator: the driver keeps no request in memory between two submits."""
+        generator: the driver keeps no request in memory between two submits. ``skip``
+        (a digest): the line of a request it names is passed over unparsed (the driver's
+        requests already in a batch or answered: a log read again costs a lookup a line)."""
         if not self.folder.is_dir():
             return
         seen: set[str] = set()
@@ -118,7 +122,8 @@ class RequestLog:
                     if not raw.endswith(b"\n"):
                         break  # a line being written is read next time
                     digest = _digest_of_line(raw)
-                    if digest is not None and digest in seen:
+                    if digest is not None and (digest in seen
+                                               or (skip is not None and skip(digest))):
                         continue
                     req = _request(raw)
                     if req.digest in seen:
@@ -138,6 +143,10 @@ class RequestLog:
         return iter(data[:end].splitlines())
 
 
+_FORKS = [1]  # forks this process descends from (no getpid() a record)
+os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
 def _close_fd(fd: int, pid: int) -> None:
     if os.getpid() == pid:
         os.close(fd)
@@ -150,8 +159,23 @@ def _digest_of_line(raw: bytes) -> str | None:
     return None
 
 
+# one JSON value from a str at an index (the C scanner json.loads ends in, called directly)
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+
+
 def _request(raw: bytes) -> Request:
-    """A request line; its body keeps the canonical bytes the line holds (``Canonical``)."""
+    """A request line; its body keeps the canonical bytes the line holds (``Canonical``).
+    A line as ``record`` writes it is read by its layout (only the body parsed)."""
+    e = raw.find(b'","e":"', 37, 45)
+    s = raw.find(b'","s":"', e + 7)
+    b = raw.find(b'","b":{', s + 7)
+    if e == 38 and s > 0 and b > 0 and raw.endswith(b"}\n") and b"\\" not in raw[e:b]:
+        canonical = raw[b + 6:-2]
+        text = canonical.decode()
+        body, end = _SCAN(text, 0)
+        if end == len(text):
+            return Request(raw[e + 7:s].decode(), Canonical(body, canonical),
+                           raw[6:38].decode(), raw[s + 7:b].decode())
     obj = json.loads(raw)
     endpoint, body, source = obj["e"], obj["b"], obj.get("s", "")
     if "d" not in obj:  # a line without its digest
@@ -425,16 +449,18 @@ class AnswerWriter:
         store.folder.mkdir(parents=True, exist_ok=True)
         self.tmp = store.folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
         self.file = open(self.tmp, "wb")
+        self.offset = 0
         self.lines: list[tuple[str, int, int, int]] = []  # digest, status, offset, length
 
     def add(self, digest: str, answer: Answer) -> None:
-        """One answer; a body given as bytes is its JSON as the provider sent it (one line)."""
+        """One answer; a body given as bytes is its JSON, written as it is (not encoded)."""
         body = answer.body
         line = b"".join((b'{"d":"', digest.encode(), b'","s":', str(answer.status).encode(),
-                         b',"b":', body if isinstance(body, bytes) else _COMPACT.encode(
-                             body).encode(), b"}\n"))
-        self.lines.append((digest, answer.status, self.file.tell(), len(line)))
+                         b',"b":', body if type(body) is bytes else _COMPACT.encode(body).encode(),
+                         b"}\n"))
+        self.lines.append((digest, answer.status, self.offset, len(line)))
         self.file.write(line)
+        self.offset += len(line)
         self.n += 1
 
     def __enter__(self) -> AnswerWriter:

@@ -22,7 +22,8 @@ it did not run) is to be treated as ``cancelled``: submitted again.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
@@ -30,7 +31,7 @@ __all__ = ["BatchTransport", "Line", "BatchFile", "FileLimits", "BatchInfo", "Ba
            "LineResult", "SUCCEEDED", "CLIENT_ERROR", "RATE_LIMITED", "SERVER_ERROR",
            "EXPIRED", "CANCELLED", "RETRYABLE", "RUNNING", "ENDED", "FAILED",
            "BatchNotFoundError", "QueueLimitError", "UnsupportedClientError", "kind_of_status",
-           "refuse_streaming"]
+           "refuse_streaming", "read_results"]
 
 # what happened to one line
 SUCCEEDED = "succeeded"        # 2xx: ``body`` is the online response body
@@ -144,20 +145,63 @@ class BatchInfo:
                          for e in self.errors)
 
 
-class LineResult(NamedTuple):
-    """What the provider answered for one line."""
+class LineResult:
+    """What the provider answered for one line. A succeeded line read as its bytes keeps
+    its body as they came (``raw``: the JSON of the online response body), decoded only when
+    ``body`` is read: the driver writes ``raw`` into the answer file as it is."""
 
-    custom_id: str
-    kind: str                  # SUCCEEDED, CLIENT_ERROR, ... (above)
-    status: int | None = None  # the HTTP status of an answered line
-    body: Any = None           # its response body (the online one; an error body); a 2xx
-    # body may be the JSON bytes the provider sent (one line), kept as they came
-    message: str = ""
+    __slots__ = ("custom_id", "kind", "status", "_body", "raw", "message")
+
+    def __init__(self, custom_id: str, kind: str, status: int | None = None, body: Any = None,
+                 message: str = "", *, raw: bytes | None = None) -> None:
+        self.custom_id, self.kind, self.status, self.message = custom_id, kind, status, message
+        self._body, self.raw = body, raw
+
+    @property
+    def body(self) -> Any:
+        """Its response body (the online one; an error body), decoded from ``raw`` if need be."""
+        if self._body is None and self.raw is not None:
+            self._body = json.loads(self.raw)
+        return self._body
 
     @property
     def retry(self) -> bool:
         """Submit it again (the provider did not answer it for good)."""
         return self.kind in RETRYABLE
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LineResult) and (
+            (self.custom_id, self.kind, self.status, self.body, self.message)
+            == (other.custom_id, other.kind, other.status, other.body, other.message))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"LineResult({self.custom_id!r}, {self.kind!r}, {self.status!r}, "
+                f"{self.body!r}, {self.message!r})")
+
+
+def read_results(data: bytes, fast: Callable[[bytes], LineResult | None],
+                 full: Callable[[bytes], LineResult]) -> Iterator[LineResult]:
+    """A results file's lines: ``fast`` (a scan of the provider's documented shape, the body
+    kept as bytes) where it reads the line, else ``full`` (the line parsed whole). ``fast`` is
+    checked against ``full`` on the first line it reads: a file in another shape (another
+    key order, a key after the body) is parsed whole, every line."""
+    trusted: bool | None = None
+    for raw in data.splitlines():
+        if not raw.strip():
+            continue
+        got = fast(raw) if trusted is not False else None
+        if got is not None and trusted is None:
+            trusted = _same(got, full(raw))
+        yield got if got is not None and trusted else full(raw)
+
+
+def _same(fast: LineResult, full: LineResult) -> bool:
+    try:
+        return fast == full
+    except ValueError:  # the bytes taken for the body are not one JSON value
+        return False
 
 
 class BatchNotFoundError(LookupError):
@@ -188,9 +232,11 @@ class BatchTransport(Protocol):
     limits: FileLimits
     map_id: str
 
-    def line(self, endpoint: str, body: Mapping[str, Any]) -> Line:
+    def line(self, endpoint: str, body: Mapping[str, Any], digest: str | None = None) -> Line:
         """A request as a line; its custom_id derives from the map and the request's
-        identity (endpoint + canonical body), so identical requests share one line."""
+        identity (endpoint + canonical body), so identical requests share one line.
+        ``digest``: the request's ``identity.digest_of(endpoint, canonical)`` when the caller
+        has it (the request log's), not computed again where ``endpoint`` is the line's URL."""
         ...
 
     def pack(self, lines: Iterable[Line]) -> Iterator[BatchFile]:
