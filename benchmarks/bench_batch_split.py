@@ -12,7 +12,8 @@ a recorded or replayed call never awaits the network):
   ``create`` (``batchapi/fastcalls.py``) does not take the call);
 - (c) ours: the process's CPU less (a) and (b): executor, resources, our recording code
   (the body read from the kwargs or from the options as the client builds the request,
-  digest, answer lookup, log append, the replayed response), driver, rounds, Parquet.
+  digest, answer lookup, log append, the replayed response and its bare request: timed
+  as ours), driver, rounds, Parquet.
 
     .venv/bin/python benchmarks/bench_batch_split.py --rows 20000
 """
@@ -104,9 +105,11 @@ def run(rows: int) -> dict[str, Any]:
     transport = recording.RecordingTransport
     transport.handle_async_request = _ours(transport.handle_async_request)
     transport.lookup = _ours(transport.lookup)
+    transport._response = _ours(transport._response)  # the replayed response
     build = getattr(recording, "_BuildLookup", None)  # a tree that looks calls up as built
     if build is not None:
         build.batchable = _ours(build.batchable)
+        build.bare = _ours(build.bare)  # an answered call's bare request
     fast = getattr(fastcalls, "FastCreate", None) if fastcalls else None
     if fast is not None:  # a tree whose known create methods take the body from the kwargs
         fast.found = _ours(fast.found)
