@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hypernodes_dist.batchapi.identity import (
     Canonical,
@@ -159,8 +159,10 @@ def _digest_of_line(raw: bytes) -> str | None:
     return None
 
 
-# one JSON value from a str at an index (the C scanner json.loads ends in, called directly)
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+# one JSON value from a str at an index (the C scanner json.loads ends in, called directly;
+# typeshed types its argument as the scanner class itself, not the decoder it reads)
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
+    cast(Any, json.JSONDecoder()))
 
 
 def _request(raw: bytes) -> Request:

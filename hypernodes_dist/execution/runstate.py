@@ -96,8 +96,9 @@ class RunContext:
     parallel: bool = False
     max_workers: int = 4
     item_index: int | None = None
-    # cache keys being computed by the items of one async batch (duplicates wait for them)
-    running: dict[str, asyncio.Future[Any]] | None = None
+    # cache keys being computed by the items of one async batch (duplicates wait for them;
+    # the key's future is made once an item waits: None until then)
+    running: dict[str, asyncio.Future[Any] | None] | None = None
     parent_run_id: str | None = None
     # run()/iter() only: StateDeltaEvents after each write, a hook at every step boundary
     # (checkpointing), and the id the checkpoint of a pause will have (InterruptEvent).
