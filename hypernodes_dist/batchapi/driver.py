@@ -203,11 +203,14 @@ class BatchDriver:
         line = self.transport.line  # the log's digest: not computed again
         lines = (line(r.endpoint, r.body, r.digest) for r in self.to_submit(requests))
         sent = 0
-        for file in self.transport.pack(lines):
-            outcome = await self._submit_file(file)
-            if outcome == "held":
-                break
-            sent += len(file.lines) if outcome == "created" else 0
+        try:
+            for file in self.transport.pack(lines):
+                outcome = await self._submit_file(file)
+                if outcome == "held":
+                    break
+                sent += len(file.lines) if outcome == "created" else 0
+        finally:
+            self._taken = set()  # (the files' digests hold them: not kept twice)
         return sent
 
     async def _submit_file(self, file: BatchFile) -> str:
