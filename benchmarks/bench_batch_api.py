@@ -60,7 +60,7 @@ from hypernodes_dist.batchapi import transport_for
 from hypernodes_dist.batchapi.identity import Canonical, canonical_body, digest_of
 from hypernodes_dist.batchapi.recording import BatchWait, recording_client
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
-from hypernodes_dist.run.batchloop import BatchLoop
+from hypernodes_dist.run.batchloop import Backoff, BatchLoop
 
 RESULTS = Path(__file__).parent / "results"
 ENDPOINT = "/v1/chat/completions"
@@ -244,10 +244,14 @@ def label(body: Any) -> str:
         "choices"][0]["message"]["content"]
 
 
-def part_driver(src: Path, out: Path, folder: Path, base_url: str) -> dict[str, Any]:
+def part_driver(src: Path, out: Path, folder: Path, base_url: str,
+                delay: float) -> dict[str, Any]:
+    """The first poll once every batch has had its delay: the rows run twice (record, then
+    finish), whatever the order the batches end in (else a third round, or not, by timing)."""
     phases = Phases()
     client = openai.AsyncOpenAI(base_url=base_url, api_key="loopback", max_retries=2)
-    loop = BatchLoop(folder, {"llm": TimedTransport(transport_for(client, "bench"), phases)})
+    loop = BatchLoop(folder, {"llm": TimedTransport(transport_for(client, "bench"), phases)},
+                     backoff=Backoff(first=2 * delay + 2))
     _time_driver(loop, phases)
     rows = Rows(src, out, folder, loop.recorder("llm"), phases)
     left = loop.run(rows)
@@ -346,7 +350,8 @@ def child(args: argparse.Namespace) -> None:
     out = work / f"out-{args.part}"
     out.mkdir()
     if args.part == "driver":
-        got = part_driver(work / "source.parquet", out, work / "batches", args.base_url)
+        got = part_driver(work / "source.parquet", out, work / "batches", args.base_url,
+                          args.delay)
     elif args.part == "client":
         got = part_client(work / "source.parquet", work / "batches", args.client_rows,
                           args.base_url)
@@ -371,7 +376,7 @@ def run_part(part: str, server: BatchServer, work: Path, args: argparse.Namespac
     server.reset()
     cpu0 = _cpu_of(server)
     cmd = [sys.executable, __file__, "--part", part, "--work", str(work), "--base-url",
-           server.base_url, "--client-rows", str(args.client_rows)]
+           server.base_url, "--client-rows", str(args.client_rows), "--delay", str(args.delay)]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"part {part} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
