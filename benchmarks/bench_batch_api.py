@@ -148,7 +148,7 @@ class TimedTransport:
         would cost more than some phases measured)."""
         it, more = self.inner.results(info).__aiter__(), True
         while more:
-            t, chunk = time.thread_time(), []
+            t, chunk = time.thread_time(), list[Any]()
             try:
                 while len(chunk) < CHUNK:
                     chunk.append(await it.__anext__())
