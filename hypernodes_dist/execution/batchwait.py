@@ -7,8 +7,8 @@ batch's calls. In a ``batch_api=True`` node (``resources/bind.py``) each client 
 made once per process, client and folder: its calls append to the folder's ``RequestLog``
 and read the ``AnswerStore``. ``outcome(exc, node)`` turns the signals a call raised into
 what the executor keeps: ``WaitingForBatch`` (the item waits), or the item's error.
-``offline_gates(gates)`` are a ``batch_api`` node's gates for an attempt that cannot reach
-the network (``OnlineCheck``): its network gates are taken only by one that may.
+``GatesByReach(gates)`` gives a ``batch_api`` node's gates per attempt: its network gates
+are taken only by an attempt that may reach the network.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from hypernodes_dist.errors import WaitingForBatch
 from hypernodes_dist.perprocess import Memo, Table
 from hypernodes_dist.policies.gates import BudgetGate, Gate
 
-__all__ = ["BatchLink", "LINK", "swap_clients", "outcome", "offline_gates", "OnlineCheck"]
+__all__ = ["BatchLink", "LINK", "swap_clients", "outcome", "GatesByReach"]
 
 
 @dataclass(frozen=True)
@@ -109,31 +109,28 @@ def outcome(exc: BaseException, node: str) -> BaseException:
     return exc
 
 
-def offline_gates(gates: tuple[Gate, ...]) -> tuple[Gate, ...]:
-    """A ``batch_api`` node's gates for an attempt that cannot reach the network (its call is
-    recorded or answered from a batch): the budget's only (it counts what the calls
-    metered); the network gates (hold-off, concurrency, rate, quantities, learned limits)
-    are taken by an attempt that may go online (``OnlineCheck``)."""
-    return tuple(g for g in gates if isinstance(g, BudgetGate))
+class GatesByReach:
+    """A ``batch_api`` node's gates for each attempt: all of them while the map's answers
+    hold a request to send online (``online_after``); until then each call is recorded or
+    answered from a batch and none reaches the network, so an attempt takes its budget's
+    gates only (the budget counts what the calls metered), no network turn (a concurrency
+    unit, a rate turn, a hold-off's wait). No map (``run()``): all of them. The batch's
+    answer store is found once per link."""
 
+    __slots__ = ("gates", "offline", "link", "answers")
 
-class OnlineCheck:
-    """Whether an attempt of a ``batch_api`` node may reach the network: only while the
-    map's answers hold a request to send online (``online_after``); until then each call
-    is recorded or answered from a batch, none takes a network turn (a concurrency unit,
-    a rate turn, a hold-off's wait). No map (``run()``): always. One per guard: the
-    batch's answer store is found once per link."""
-
-    __slots__ = ("link", "answers")
-
-    def __init__(self) -> None:
+    def __init__(self, gates: tuple[Gate, ...]) -> None:
+        self.gates = gates
+        self.offline = tuple(g for g in gates if isinstance(g, BudgetGate))
         self.link: BatchLink | None = None
         self.answers: AnswerStore | None = None
 
-    def __call__(self) -> bool:
+    def __call__(self) -> tuple[Gate, ...]:
         link = LINK.get()
         if link is None:
-            return True
-        if link is not self.link:
-            self.link, self.answers = link, link.stores()[1]
-        return self.answers.sends_online()  # type: ignore[union-attr]  # set with the link
+            return self.gates
+        answers = self.answers
+        if answers is None or link is not self.link:
+            self.link, answers = link, link.stores()[1]
+            self.answers = answers
+        return self.gates if answers.sends_online() else self.offline

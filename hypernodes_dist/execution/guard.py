@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from hypernodes_dist.events import PolicyEvent
-from hypernodes_dist.execution.batchwait import OnlineCheck, offline_gates
+from hypernodes_dist.execution.batchwait import GatesByReach
 from hypernodes_dist.execution.invoke import call_node
 from hypernodes_dist.execution.syncio import run_sync
 from hypernodes_dist.policies.budget import Budget
@@ -102,6 +102,11 @@ async def _sleep(seconds: float, blocking: bool, in_slot: bool = False) -> None:
         await window.acquire()
 
 
+def _always(gates: tuple[Gate, ...]) -> Callable[[], tuple[Gate, ...]]:
+    """Every attempt's gates: all of them."""
+    return lambda: gates
+
+
 class Guard:
     """Applies one node's policy to its calls. ``report(event)`` receives each
     ``PolicyEvent`` (the caller fills in the run ids)."""
@@ -115,9 +120,10 @@ class Guard:
         batch_api = getattr(node, "batch_api", False)
         self.gates: tuple[Gate, ...] = gates_for(self.policy, budget if self.meters else None,
                                                  checks=not batch_api)
-        # a batch_api node's attempt that cannot go online takes its budget's gates only
-        self.offline = offline_gates(self.gates) if batch_api else None
-        self.online = OnlineCheck() if batch_api else None
+        # the gates an attempt takes (a batch_api node's: its budget's only while no call
+        # of it can go online)
+        self.gates_now: Callable[[], tuple[Gate, ...]] = (
+            GatesByReach(self.gates) if batch_api else _always(self.gates))
         self.gauges = any(g.meters for g in self.gates)  # some gate reads what a call metered
         self.usage: dict[int | None, Usage] = {}  # item -> what its execution metered
         self.calls = 0  # executions started (not attempts)
@@ -204,11 +210,10 @@ class Guard:
                 pass  # entry.error holds it
 
     async def _attempt(self, call: Call, entry: Entry, timing: Attempts) -> Any:
-        """The gates entered in order, the call, the gates exited the other way round (a
-        ``batch_api`` node's attempt that cannot go online: its budget's gates only)."""
-        gates, entered = self.gates, 0
-        if self.online is not None and not self.online():
-            gates = self.offline  # type: ignore[assignment]  # set with self.online
+        """The gates entered in order (``gates_now()``: a ``batch_api`` node's attempt that
+        cannot go online takes its budget's only), the call, the gates exited the other way
+        round."""
+        gates, entered = self.gates_now(), 0
         entry.gates = gates
         try:
             for gate in gates:
