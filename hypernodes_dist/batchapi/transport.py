@@ -174,7 +174,7 @@ class LineResult:
             (self.custom_id, self.kind, self.status, self.body, self.message)
             == (other.custom_id, other.kind, other.status, other.body, other.message))
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # equal by value and mutable body: unhashable, as a dataclass with eq
 
     def __repr__(self) -> str:
         return (f"LineResult({self.custom_id!r}, {self.kind!r}, {self.status!r}, "
