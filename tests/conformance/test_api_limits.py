@@ -112,8 +112,9 @@ def test_limits_learned_from_a_short_window_let_every_row_through(engine, window
 
 @pytest.fixture(scope="module")
 def slow_server():
-    """Calls of 0.3-0.4 s (they overlap across processes), 6000 requests a minute per key."""
-    with LLMServer(latency=(0.3, 0.4), rpm=6000, bucket=True) as server:
+    """Calls of 0.15-0.2 s (they overlap across processes: a process starts its calls within
+    milliseconds), 6000 requests a minute per key."""
+    with LLMServer(latency=(0.15, 0.2), rpm=6000, bucket=True) as server:
         yield server
 
 
