@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -30,6 +31,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+
+# A suite started from a shell that ignores SIGINT (a background job of a script, nohup)
+# hands every process SIG_IGN for it: Python then installs no KeyboardInterrupt handler, and
+# the Ctrl-C tests (which press Ctrl-C as a user at a terminal does) would test nothing but
+# that. A test process takes Python's own handler, as at a terminal; the processes it starts
+# then start with the default disposition too (a handler is reset by exec, SIG_IGN is not).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Concurrency limits are kernel semaphores and rate/hold-off state is in files, both keyed by
 # the limits directory and shared by every process of the machine: two xdist workers (or two
