@@ -429,12 +429,13 @@ class AnswerStore:
         else:  # not in the written layout: parse it
             obj = json.loads(raw)
             digest, status = obj["d"], obj["s"]
-        self._index[digest] = (offset << 64) | (len(raw) << 24) | number
+        self._note(digest, status, number, offset, len(raw))
+
+    def _note(self, digest: str, status: int, number: int, offset: int, length: int) -> None:
+        """Index one answer: where its line is, whether it is sent online or a refusal."""
+        self._index[digest] = (offset << 64) | (length << 24) | number
         self.online = self.online or status == 0
-        if status == REFUSED:
-            self._refused.add(digest)
-        else:
-            self._refused.discard(digest)
+        (self._refused.add if status == REFUSED else self._refused.discard)(digest)
 
 
 _ONLINE_CHECK = 0.05  # seconds between two reads of the folder by sends_online
@@ -481,9 +482,7 @@ class AnswerWriter:
                 store._fds.forget(path)
             number = store._number(path)
             for digest, status, offset, length in self.lines:
-                store.online = store.online or status == 0
-                store._index[digest] = (offset << 64) | (length << 24) | number
-                (store._refused.add if status == REFUSED else store._refused.discard)(digest)
+                store._note(digest, status, number, offset, length)
 
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
