@@ -37,6 +37,7 @@ from hypernodes_dist.batchapi.identity import (
     request_digest,
 )
 from hypernodes_dist.batchapi.recording import REFUSED, Answer
+from hypernodes_dist.perprocess import PROCESS
 
 __all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore", "apply_event"]
 
@@ -144,7 +145,7 @@ class RequestLog:
 
 
 _FORKS = [1]  # forks this process descends from (no getpid() a record)
-os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+PROCESS.register("batchapi.store.forks", lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 
 
 def _close_fd(fd: int, pid: int) -> None:
