@@ -1,19 +1,35 @@
 """Where a batch graph.map's CPU goes: the node once, the record pass's client, ours.
 
 ``graph.map(source=, into=)`` with ``@node(batch_api=True)`` (``bench_batch_api.py``'s graph
-part, local engine) against the fake provider; the node's code and our recording code
-are timed in their thread (``time.thread_time``) per pass (a node's calls do not interleave:
-a recorded or replayed call never awaits the network):
+part, local engine) against the fake provider, run twice, each in a fresh process:
 
-- (a) the node's code with its client as the online path runs it once: the replay pass
-  (openai builds the request, parses the response), less our code;
-- (b) what the batch path adds of the client: the record pass, less our code (the node's
-  own code; openai turning the params into the body, where our fast path of a known
-  ``create`` (``batchapi/fastcalls.py``) does not take the call);
-- (c) ours: the process's CPU less (a) and (b): executor, resources, our recording code
-  (the body read from the kwargs or from the options as the client builds the request,
-  digest, answer lookup, log append, the replayed response and its bare request: timed
-  as ours), driver, rounds, Parquet.
+- the **plain run**: nothing instrumented; its process CPU (user + system, every thread,
+  from the map's start to its end; the fake provider runs in its own process) is the
+  ``total``;
+- the **timed run**: the node's code and our recording code timed in their thread
+  (``time.thread_time``) per pass (a node's calls do not interleave: a recorded or
+  replayed call never awaits the network). A ``thread_time`` is a system call (0.5-2 us
+  here), some 16 a row: the timed run's own total is higher than the plain run's by
+  their cost (``instrument`` in the results, within the runs' noise). The clock reads inside a timed interval are
+  taken out by calibration: at the start of the timed run, 20,000 calls of a timed no-op
+  measure what one timed call adds inside its own interval (``inside``) and around it
+  (``outside``); those times the number of timed calls in each pass are subtracted.
+
+The columns, in CPU seconds for the run and per 1M rows:
+
+- (a) the node's code with its client once, as the online path runs it: the timed run's
+  replay pass, less our recording code in it (and the instrument's calibrated cost);
+- (b) what the batch path adds of the client: the timed run's record pass, less our
+  recording code in it (the node's own code; openai turning the params into the body,
+  where our fast path of a known ``create``, ``batchapi/fastcalls.py``, does not take it);
+- (c) ours: the plain run's total less (a) and (b): executor, resources, our recording
+  code, driver, rounds, Parquet;
+- of (c): our recording code: the timed run's ``FastCreate.found`` / ``answer_of`` (the body
+  read from the kwargs, its canonical JSON, digest, answer lookup, the log append),
+  ``_BuildLookup.__call__`` (a call looked up as the client builds it, the bare request of
+  an answered call), the replayed response and the HTTP-layer transport, both passes,
+  less the instrument's calibrated cost inside them;
+- total: the plain run's process CPU.
 
     .venv/bin/python benchmarks/bench_batch_split.py --rows 20000
 """
@@ -23,8 +39,11 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import json
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,8 +62,12 @@ except ImportError:  # a tree before the fast path (main, for before/after)
 
 RESULTS = Path(__file__).parent / "results"
 ACC: dict[str, float] = {"node record": 0.0, "node replay": 0.0, "ours record": 0.0,
-                         "ours replay": 0.0}
-OURS = {"cpu": 0.0, "depth": 0}  # our recording code's thread CPU so far (outermost calls)
+                         "ours replay": 0.0, "calls record": 0, "calls replay": 0,
+                         "nodes record": 0, "nodes replay": 0}
+# our recording code's thread CPU so far (outermost calls), nesting depth, timed calls (all
+# outermost on the fast path: the transport's lookup is timed inside its callers)
+OURS: list[Any] = [0.0, 0, 0]
+_clock = time.thread_time
 
 
 def _node(func: Any) -> Any:
@@ -52,47 +75,90 @@ def _node(func: Any) -> Any:
     to ``ACC["node <pass>"]`` / ``ACC["ours <pass>"]`` (record: it raised)."""
     @functools.wraps(func)
     async def timed(*args: Any, **kwargs: Any) -> Any:
-        t, ours, phase = time.thread_time(), OURS["cpu"], "record"
+        ours, calls, phase = OURS[0], OURS[2], "record"
+        t = _clock()
         try:
             value = await func(*args, **kwargs)
             phase = "replay"
             return value
         finally:
-            ACC[f"node {phase}"] += time.thread_time() - t
-            ACC[f"ours {phase}"] += OURS["cpu"] - ours
+            ACC[f"node {phase}"] += _clock() - t
+            ACC[f"ours {phase}"] += OURS[0] - ours
+            ACC[f"calls {phase}"] += OURS[2] - calls
+            ACC[f"nodes {phase}"] += 1
     return timed
 
 
 def _ours(func: Any) -> Any:
     """One of our recording functions (sync or async), its thread CPU added to ``OURS``
     unless it runs inside another such (the transport's lookup)."""
-    def enter() -> float:
-        OURS["depth"] += 1
-        return time.thread_time()
-
-    def leave(t: float) -> None:
-        OURS["depth"] -= 1
-        if not OURS["depth"]:
-            OURS["cpu"] += time.thread_time() - t
-
     if inspect.iscoroutinefunction(func):
         @functools.wraps(func)
         async def timed_async(*args: Any, **kwargs: Any) -> Any:
-            t = enter()
+            OURS[1] += 1
+            OURS[2] += 1
+            t = _clock()
             try:
                 return await func(*args, **kwargs)
             finally:
-                leave(t)
+                OURS[1] -= 1
+                if not OURS[1]:
+                    OURS[0] += _clock() - t
         return timed_async
 
     @functools.wraps(func)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        t = enter()
+        OURS[1] += 1
+        OURS[2] += 1
+        t = _clock()
         try:
             return func(*args, **kwargs)
         finally:
-            leave(t)
+            OURS[1] -= 1
+            if not OURS[1]:
+                OURS[0] += _clock() - t
     return timed
+
+
+def calibrate(n: int = 20_000) -> tuple[float, float]:
+    """What one timed call adds inside its own interval and around it (seconds)."""
+    def noop() -> None:
+        pass
+
+    timed = _ours(noop)
+    best = (float("inf"), 0.0)
+    for _ in range(3):  # the least disturbed of three
+        t0 = _clock()
+        for _ in range(n):
+            noop()
+        plain = _clock() - t0
+        before = OURS[0]
+        t0 = _clock()
+        for _ in range(n):
+            timed()
+        full = _clock() - t0 - plain
+        inside = OURS[0] - before
+        if full < best[0] + best[1]:
+            best = (full - inside, inside)
+    OURS[0], OURS[2] = 0.0, 0
+    return best[1] / n, best[0] / n
+
+
+def _instrument() -> None:
+    bench.classify = _node(bench.classify)
+    transport = recording.RecordingTransport
+    transport.handle_async_request = _ours(transport.handle_async_request)  # the HTTP layer
+    transport._response = _ours(transport._response)  # the replayed response
+    build = getattr(recording, "_BuildLookup", None)  # a tree that looks calls up as built
+    if build is not None:  # its lookup and an answered call's bare request
+        build.__call__ = _ours(build.__call__)
+    else:  # a tree without it: the transport's lookup, wherever it runs
+        transport.lookup = _ours(transport.lookup)
+    fast = getattr(fastcalls, "FastCreate", None) if fastcalls else None
+    if fast is not None:  # a tree whose known create methods take the body from the kwargs
+        fast.found = _ours(fast.found)
+        name = "answer_of" if hasattr(fast, "answer_of") else "passing"  # its lookup
+        setattr(fast, name, _ours(getattr(fast, name)))
 
 
 def _cpu() -> float:
@@ -100,19 +166,12 @@ def _cpu() -> float:
     return use.ru_utime + use.ru_stime
 
 
-def run(rows: int) -> dict[str, Any]:
-    bench.classify = _node(bench.classify)
-    transport = recording.RecordingTransport
-    transport.handle_async_request = _ours(transport.handle_async_request)
-    transport.lookup = _ours(transport.lookup)
-    transport._response = _ours(transport._response)  # the replayed response
-    build = getattr(recording, "_BuildLookup", None)  # a tree that looks calls up as built
-    if build is not None:
-        build.batchable = _ours(build.batchable)
-        build.bare = _ours(build.bare)  # an answered call's bare request
-    fast = getattr(fastcalls, "FastCreate", None) if fastcalls else None
-    if fast is not None:  # a tree whose known create methods take the body from the kwargs
-        fast.found = _ours(fast.found)
+def run_once(rows: int, timed: bool) -> dict[str, Any]:
+    """One run in this process (``timed``: instrumented, calibrated first)."""
+    inside = outside = 0.0
+    if timed:
+        inside, outside = calibrate()
+        _instrument()
     with tempfile.TemporaryDirectory() as tmp, BatchServer(delay=1.0, headers=False) as server:
         work = Path(tmp)
         bench.write_source(work / "g.parquet", rows)
@@ -120,26 +179,66 @@ def run(rows: int) -> dict[str, Any]:
         c0, w0 = _cpu(), time.perf_counter()
         got = bench.part_graph(work / "g.parquet", work / "out", server.base_url, online=False)
         total, wall = _cpu() - c0, time.perf_counter() - w0
-    a = ACC["node replay"] - ACC["ours replay"]
-    b = ACC["node record"] - ACC["ours record"]
+    return {"cpu_s": total, "wall_s": wall, "map": got, "acc": dict(ACC),
+            "inside_us": inside * 1e6, "outside_us": outside * 1e6}
+
+
+def _child(rows: int, mode: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        subprocess.run([sys.executable, __file__, "--rows", str(rows), "--mode", mode,
+                        "--out", str(out)], check=True)
+        return json.loads(out.read_text())
+
+
+def split(rows: int, plain: dict[str, Any], timed: dict[str, Any]) -> list[dict[str, Any]]:
+    """The table's rows from the two runs (module docstring)."""
+    acc, inside, outside = timed["acc"], timed["inside_us"] / 1e6, timed["outside_us"] / 1e6
+
+    def client(phase: str) -> float:  # the node's pass less ours and the instrument's cost
+        return (acc[f"node {phase}"] - acc[f"ours {phase}"]
+                - acc[f"calls {phase}"] * outside - acc[f"nodes {phase}"] * inside)
+
+    a, b, total = client("replay"), client("record"), plain["cpu_s"]
+    ours = (acc["ours record"] + acc["ours replay"]
+            - (acc["calls record"] + acc["calls replay"]) * inside)
     per = 1e6 / rows
     parts = [("(a) node once (replay pass, as online)", a), ("(b) record pass's client", b),
-             ("(c) ours", total - a - b),
-             ("   of (c): our recording code", ACC["ours record"] + ACC["ours replay"])]
-    return {"rows": rows, "wall_s": round(wall, 1), "cpu_s": round(total, 2), "map": got,
-            "split": [{"part": k, "cpu_s": round(v, 2), "s_per_1M": round(v * per),
-                       "share": f"{100 * v / total:.0f}%"} for k, v in parts]}
+             ("(c) ours: total - (a) - (b)", total - a - b),
+             ("   of (c): our recording code", ours), ("(b) + (c): our own time", total - a),
+             ("total (plain run)", total),
+             ("instrument: timed run's total - plain run's", timed["cpu_s"] - total)]
+    return [{"part": k, "cpu_s": round(v, 2), "s_per_1M": round(v * per),
+             "share": f"{100 * v / total:.0f}%"} for k, v in parts]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--rows", type=int, default=20_000)
     p.add_argument("--name", default="batch_split", help="results/<name>.json")
+    p.add_argument("--mode", choices=["plain", "timed"], help="one run, in this process")
+    p.add_argument("--out", help="--mode's results file")
     args = p.parse_args()
+    if args.mode:
+        Path(args.out).write_text(json.dumps(run_once(args.rows, args.mode == "timed")))
+        return
     load = os.getloadavg()[0]
-    report = {**run(args.rows), "fast_path": fastcalls is not None, "machine": machine(load)}
+    plain, timed = _child(args.rows, "plain"), _child(args.rows, "timed")
+    acc = timed["acc"]
+    clocks = 2 * (acc["calls record"] + acc["calls replay"] + acc["nodes record"]
+                  + acc["nodes replay"])
+    report = {"rows": args.rows, "wall_s": round(plain["wall_s"], 1),
+              "cpu_s": round(plain["cpu_s"], 2), "map": plain["map"],
+              "split": split(args.rows, plain, timed),
+              "timed_run": {"cpu_s": round(timed["cpu_s"], 2), "map": timed["map"],
+                            "thread_time_calls_per_row": round(clocks / args.rows, 1),
+                            "inside_us": round(timed["inside_us"], 2),
+                            "outside_us": round(timed["outside_us"], 2), "acc": acc},
+              "fast_path": fastcalls is not None, "machine": machine(load)}
     print_table(report["split"], ["part", "cpu_s", "s_per_1M", "share"])
-    print(f"total {report['cpu_s']} CPU s for {args.rows:,} rows; wall {report['wall_s']} s")
+    print(f"plain run: {report['cpu_s']} CPU s for {args.rows:,} rows, wall {report['wall_s']} s;"
+          f" timed run: {report['timed_run']['cpu_s']} CPU s, "
+          f"{report['timed_run']['thread_time_calls_per_row']} clock reads a row")
     print(f"wrote {write_results(RESULTS, args.name, report)}")
 
 

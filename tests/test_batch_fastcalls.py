@@ -21,7 +21,7 @@ from hypernodes_bench.batch_server import BatchServer
 from hypernodes_dist import DiskCache, Graph, node, resource
 from hypernodes_dist.batchapi import AnthropicBatches, OpenAIBatches, fastcalls
 from hypernodes_dist.batchapi.driver import BatchDriver
-from hypernodes_dist.batchapi.identity import canonical_body
+from hypernodes_dist.batchapi.identity import canonical_body, request_digest
 from hypernodes_dist.batchapi.recording import BatchWait, UnbatchableCall, recording_client
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
 from hypernodes_dist.run.batchmap import POLL_ENV
@@ -142,6 +142,37 @@ def test_calls_the_fast_path_leaves_to_the_sdk_behave_as_before(tmp_path):
         copy.embeddings.create(model="emb")  # input missing
     with pytest.raises(TypeError, match="parse"):  # openai's own check of response_format
         copy.chat.completions.create(**kwargs, response_format=_Label)
+
+
+def test_one_call_site_given_then_omitting_values_records_what_the_sdk_sends(tmp_path):
+    """The argument names of a call site are read once (per method and names): the same
+    names with a value given, omitted, None, then an extra_headers given (the SDK's way),
+    an extra_body given, each recorded as the SDK sends it (one copy for the fast calls)."""
+    seen: list[tuple[str, bytes]] = []
+    copy = recording_client(_client("openai-sync"), AnswerStore(tmp_path / "fast"),
+                            lambda e, b: seen.append((e, canonical_body(b))))
+    values = [(0.5, None, None), (openai.omit, None, None), (None, openai.NOT_GIVEN, None),
+              (0.5, {"x-trace": "1"}, None), (openai.omit, None, {"seed": 4})]
+    for i, (temperature, headers, extra) in enumerate(values):
+        kwargs = {"model": "m", "messages": MSGS, "temperature": temperature,
+                  "extra_headers": headers, "extra_body": extra}
+        with pytest.raises(BatchWait):
+            copy.chat.completions.create(**kwargs)
+        assert seen[-1] == _recorded("openai-sync", CHAT, kwargs, tmp_path / f"sdk{i}",
+                                     sdk=True), (temperature, headers, extra)
+    assert len(seen) == len(values)
+
+
+def test_the_logged_digest_is_the_requests_own(tmp_path):
+    """The digest a lookup computed goes to the request log with the body (not hashed
+    again): the log's line names the request by its own digest."""
+    log = RequestLog(tmp_path)
+    copy = recording_client(_client("openai-sync"), AnswerStore(tmp_path), log.record)
+    with pytest.raises(BatchWait) as wait:
+        copy.chat.completions.create(model="m", messages=MSGS)
+    [req] = log.requests()
+    assert req.digest == wait.value.digest == request_digest(req.endpoint, json.loads(
+        json.dumps(dict(req.body))))
 
 
 def test_anthropic_refuses_a_long_non_streamed_call_before_recording_it(tmp_path):

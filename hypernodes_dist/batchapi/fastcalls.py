@@ -34,7 +34,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from hypernodes_dist.batchapi.identity import Canonical, canonical_body
+from hypernodes_dist.batchapi.identity import Canonical, canonical_json
 
 __all__ = ["Known", "KNOWN", "Captured", "install", "capturing", "take_passed",
            "switched_off", "took_fast_path", "plain"]
@@ -133,14 +133,21 @@ def plain(value: Any) -> bool:
     apart from its string; a datetime, a model, a dict subclass are the client's to encode)."""
     kind = type(value)
     if kind is dict:
-        if not all(type(k) is str for k in value):
+        return _plain_fields(value)
+    if kind is list or kind is tuple:
+        for v in value:
+            if type(v) not in _SCALARS and not plain(v):
+                return False
+        return True
+    return kind in _SCALARS
+
+
+def _plain_fields(body: Mapping[Any, Any]) -> bool:
+    """``plain`` of a dict's keys and values (of a ``Canonical`` being built, too)."""
+    for k, v in body.items():
+        if type(k) is not str or (type(v) not in _SCALARS and not plain(v)):
             return False
-        values: Any = value.values()
-    elif kind is list or kind is tuple:
-        values = value
-    else:
-        return kind in _SCALARS
-    return all(type(v) in _SCALARS or plain(v) for v in values)
+    return True
 
 
 def _rewrites(meta: object) -> bool:
@@ -198,6 +205,20 @@ class _Found(NamedTuple):
     body: Canonical
 
 
+class _Shape(NamedTuple):
+    """What a call's argument names say, read once per method and names."""
+
+    params: tuple[str, ...]    # the body's params given
+    controls: tuple[str, ...]  # extra_headers, extra_query, timeout given (None/absent only)
+    extra: bool                # extra_body given
+    refused: frozenset[str]    # given params that, not absent, are the SDK's way (apart, mark 2)
+    key: tuple[Any, ...]       # the verdict's key when every param is sent, no extra_body
+
+
+_UNSEEN = _Shape((), (), False, frozenset(), ())
+_SHAPES_MAX = 256  # argument names kept per method (a call site has one)
+
+
 class FastCreate:
     """One resource object's fast ``create``: the body from the arguments, the self-check's
     verdict, the lookup (``transport.lookup``: ``BatchWait`` when not answered)."""
@@ -211,36 +232,75 @@ class FastCreate:
         self.params = frozenset(names) - {"self"}
         self.required = frozenset(p.name for p in signature.parameters.values()
                                   if p.default is inspect.Parameter.empty and p.name != "self")
+        self.shapes: dict[tuple[str, ...], _Shape | None] = {}
+
+    def shape(self, names: tuple[str, ...]) -> _Shape | None:
+        """What the argument names say (None: the SDK's way: a required one missing, one
+        unknown), read once per names."""
+        shape = self.shapes.get(names, _UNSEEN)
+        if shape is _UNSEEN:
+            shape = self._read(names)
+            if len(self.shapes) < _SHAPES_MAX:
+                self.shapes[names] = shape
+        return shape
+
+    def _read(self, names: tuple[str, ...]) -> _Shape | None:
+        if not self.required.issubset(names):
+            return None
+        params: list[str] = []
+        controls: list[str] = []
+        for name in names:
+            if name in self.params:
+                params.append(name)
+            elif name in _CONTROLS:
+                controls.append(name)
+            else:
+                return None  # unknown
+        known = self.known
+        return _Shape(tuple(params), tuple(c for c in controls if c != "extra_body"),
+                      "extra_body" in controls,
+                      frozenset(n for n in params if n in known.apart
+                                or _mark(known.params, n) == 2),
+                      (self.method, frozenset(params), None))
 
     def found(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Found | None:
         """The call's endpoint and body, or None: the SDK's way."""
-        if args or self.method in _OFF or not self.required <= kwargs.keys():
+        if args or self.method in _OFF:
             return None
-        body, absent, extra = {}, self.absent, None
-        for name, value in kwargs.items():
-            if name in self.params:
-                if type(value) not in absent:
-                    body[name] = value
-            elif name == "extra_body" and value is not None:
-                extra = value
-            elif name not in _CONTROLS or not (value is None or type(value) in absent):
-                return None  # unknown, or extra_headers / extra_query / timeout given
+        shape = self.shape(tuple(kwargs))
+        if shape is None:
+            return None
+        # the body is built as the Canonical it is handed on as (no copy)
+        body, absent = dict.__new__(Canonical), self.absent
+        for name in shape.params:
+            value = kwargs[name]
+            if type(value) not in absent:
+                body[name] = value
+        for name in shape.controls:  # extra_headers / extra_query / timeout given
+            value = kwargs[name]
+            if value is not None and type(value) not in absent:
+                return None
+        extra = kwargs["extra_body"] if shape.extra else None
+        if (extra is not None and type(extra) is not dict) or (
+                shape.refused and not shape.refused.isdisjoint(body)):
+            return None
+        key = shape.key if extra is None and len(body) == len(shape.params) else (
+            self.method, frozenset(body), None if extra is None else frozenset(extra))
         known = self.known
-        if not known.apart.isdisjoint(body) or (
-                extra is not None and type(extra) is not dict) or any(
-                _mark(known.params, k) == 2 for k in body):
-            return None
-        key = (self.method, frozenset(body), None if extra is None else frozenset(extra))
-        body.update((k, v) for k, v in known.defaults.items() if k not in body)
+        if known.defaults:
+            body.update((k, v) for k, v in known.defaults.items() if k not in body)
         if extra is not None:
-            body = {k: v for k, v in {**body, **extra}.items() if type(v) not in absent}
-        if body.get("stream") or not plain(body) or (  # streamed: the SDK's, as unbatchable
+            body = Canonical({k: v for k, v in {**body, **extra}.items()
+                              if type(v) not in absent}, b"")
+        if body.get("stream") or not _plain_fields(body) or (  # streamed: the SDK's way
                 known.guard is not None and not known.guard(self.resource, kwargs)):
             return None
         try:
-            return _Found(key, known.endpoint, Canonical(body, canonical_body(body)))
+            body.canonical = canonical_json(body)
         except ValueError:  # NaN, a lone surrogate: as the client fails it
             return None
+        body.named = None
+        return _Found(key, known.endpoint, body)
 
     def judged(self, found: _Found, sdk: tuple[str, Canonical] | None) -> _Found | None:
         """The self-check: ``found`` if the SDK's own build ``sdk`` is the same request;
@@ -252,23 +312,10 @@ class FastCreate:
         _OFF.add(self.method)
         return None
 
-    def passing(self, found: _Found) -> _Passing:
-        """The call's answer (``ONLINE``: send it) passed on to the request the SDK builds
-        while in the context; ``BatchWait`` here once the call is recorded."""
-        return _Passing(self.transport.lookup(found.endpoint, found.body))
-
-
-class _Passing:
-    """While in it, ``take_passed()`` gives the answer (once)."""
-
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-
-    def __enter__(self) -> None:
-        self.token = _PASSED.set(self.answer)
-
-    def __exit__(self, *exc: object) -> None:
-        _PASSED.reset(self.token)
+    def answer_of(self, found: _Found) -> Any:
+        """The call's answer (``ONLINE``: send it), passed on (``_PASSED``) to the request
+        the SDK builds; ``BatchWait`` here once the call is recorded."""
+        return self.transport.lookup(found.endpoint, found.body)
 
 
 class _Capture:
@@ -297,8 +344,11 @@ def _sync_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any
             found = fast.judged(found, capture.found)
         if found is None:
             return sdk(*args, **kwargs)
-        with fast.passing(found):
+        token = _PASSED.set(fast.answer_of(found))
+        try:
             return sdk(**kwargs)
+        finally:
+            _PASSED.reset(token)
     return create
 
 
@@ -311,8 +361,11 @@ def _async_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., An
             found = fast.judged(found, capture.found)
         if found is None:
             return await sdk(*args, **kwargs)
-        with fast.passing(found):
+        token = _PASSED.set(fast.answer_of(found))
+        try:
             return await sdk(**kwargs)
+        finally:
+            _PASSED.reset(token)
     return create
 
 

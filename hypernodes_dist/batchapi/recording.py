@@ -40,7 +40,7 @@ from types import ModuleType
 from typing import Any, NamedTuple, Protocol
 
 from hypernodes_dist.batchapi import fastcalls
-from hypernodes_dist.batchapi.identity import Canonical, canonical_body, digest_of
+from hypernodes_dist.batchapi.identity import Canonical, canonical_body, digest_for
 from hypernodes_dist.batchapi.replayhttp import Replayed
 from hypernodes_dist.errors import BudgetExceededError
 from hypernodes_dist.perprocess import Memo
@@ -184,6 +184,8 @@ class RecordingTransport:
     def __init__(self, answers: AnswerLookup, record: Record, http: ModuleType,
                  online: Any = None) -> None:
         self.answers, self.record, self.http = answers, record, http
+        # the body as JSON bytes, where the store can (``raw``)
+        self.read: Callable[[str], Answer | None] = getattr(answers, "raw", None) or answers.get
         self.online = online  # the original client's HTTP client: ONLINE requests go there
         self.replayed = _replayed(http)  # answered calls' requests and responses
 
@@ -211,11 +213,10 @@ class RecordingTransport:
     def lookup(self, endpoint: str, body: Canonical) -> Answer:
         """The answer to a request (``ONLINE``: send it), or the request recorded and
         ``BatchWait`` raised (``BudgetRefusal``: the budget kept it out)."""
-        digest = digest_of(endpoint, body.canonical)
-        raw = getattr(self.answers, "raw", None)  # the body as JSON bytes, when it can
-        answer = raw(digest) if raw is not None else self.answers.get(digest)
+        digest = digest_for(endpoint, body)
+        answer = self.read(digest)
         if answer is None:
-            self.record(endpoint, body)  # its canonical bytes encoded once: the log reuses them
+            self.record(endpoint, body)  # its canonical bytes and digest: the log reuses them
             raise BatchWait(endpoint, digest)
         if answer.status == REFUSED:
             raise BudgetRefusal(_json(answer.body))

@@ -33,6 +33,7 @@ from typing import Any, cast
 from hypernodes_dist.batchapi.identity import (
     Canonical,
     canonical_body,
+    digest_for,
     digest_of,
     request_digest,
 )
@@ -74,13 +75,15 @@ class RequestLog:
 
     def record(self, endpoint: str, body: Mapping[str, Any], source: str = "") -> None:
         """Append a request (a worker's side; safe from threads and forked processes)."""
-        canonical = canonical_body(body)
+        canonical = canonical_body(body)  # a Canonical's digest was computed by its lookup
+        digest = digest_for(endpoint, body) if type(body) is Canonical else digest_of(
+            endpoint, canonical)
         middle = self._middle.get((endpoint, source))
         if middle is None:
             middle = self._middle[(endpoint, source)] = b"".join((
                 b'","e":', json.dumps(endpoint).encode(), b',"s":', json.dumps(source).encode(),
                 b',"b":'))
-        data = b"".join((b'{"d":"', digest_of(endpoint, canonical).encode(), middle, canonical,
+        data = b"".join((b'{"d":"', digest.encode(), middle, canonical,
                          b"}\n"))
         with self._lock:
             if self._fd is None or self._forks != _FORKS[0]:  # a forked child: its own file
