@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from hypernodes_dist.batchapi.identity import (
     Canonical,
@@ -43,9 +43,9 @@ from hypernodes_dist.perprocess import PROCESS
 __all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore", "apply_event"]
 
 
-@dataclass(frozen=True)
-class Request:
-    """One distinct request a worker recorded."""
+class Request(NamedTuple):
+    """One distinct request a worker recorded (a tuple: the driver reads a million of them,
+    and a frozen dataclass costs twice as much to build)."""
 
     endpoint: str
     body: Mapping[str, Any]
@@ -180,7 +180,7 @@ def _request(raw: bytes) -> Request:
         text = canonical.decode()
         body, end = _SCAN(text, 0)
         if end == len(text):
-            return Request(raw[e + 7:s].decode(), Canonical(body, canonical),
+            return Request(raw[e + 7:s].decode(), _canonical(body, canonical),
                            raw[6:38].decode(), raw[s + 7:b].decode())
     obj = json.loads(raw)
     endpoint, body, source = obj["e"], obj["b"], obj.get("s", "")
@@ -189,6 +189,17 @@ def _request(raw: bytes) -> Request:
     start = 38 + len(b'","e":,"s":,"b":') + len(json.dumps(endpoint)) + len(json.dumps(source))
     canonical = raw[start:-2] if raw.endswith(b"}\n") else canonical_body(body)
     return Request(endpoint, Canonical(body, canonical), obj["d"], source)
+
+
+def _canonical(body: dict[str, Any], canonical: bytes,
+               _new: Callable[..., Any] = dict.__new__,
+               _update: Callable[..., None] = dict.update) -> Canonical:
+    """``Canonical(body, canonical)`` built without its ``__init__`` (half the cost: one of
+    these per request line the driver reads)."""
+    made: Canonical = _new(Canonical)
+    _update(made, body)
+    made.canonical = canonical
+    return made
 
 
 def _record_from(log: RequestLog, source: str, endpoint: str, body: Mapping[str, Any]) -> None:
@@ -319,7 +330,7 @@ class AnswerStore:
         self._mtime: int | None = None
         self._settled = False
         self._checked = -_ONLINE_CHECK  # when sends_online last read the folder (monotonic)
-        self._where = str(self.folder)
+        self._where = _Folder(str(self.folder))
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:  # another process builds its own index
@@ -391,24 +402,21 @@ class AnswerStore:
         return len(self._index)
 
     def _refresh(self) -> bool:
-        try:
-            mtime = os.stat(self._where).st_mtime_ns
-        except FileNotFoundError:
-            return False
-        with self._lock:
-            if mtime == self._mtime and self._settled:
+        with self._lock:  # (also the folder's descriptor: one thread at a time)
+            mtime = self._where.mtime()
+            if mtime is None or (mtime == self._mtime and self._settled):
                 return False
             # a folder changed within the clock's grain may change again unseen: read it
             # again until its mtime is a second old
             self._mtime, self._settled = mtime, time.time_ns() - mtime > 1_000_000_000
-            paths = sorted(self.folder.glob("*.jsonl"))
-            if set(self._loaded) - {p.name for p in paths}:  # files dropped: read anew
+            names = self._where.names(".jsonl")
+            if set(self._loaded).difference(names):  # files dropped: read anew
                 self._index, self._refused, self._paths, self._loaded = {}, set(), [], {}
                 self.online = False
                 self._fds.close()
-            for path in paths:
-                if path.name not in self._loaded:
-                    self._load(path)
+            for name in names:
+                if name not in self._loaded:
+                    self._load(self.folder / name)
             return True
 
     def _load(self, path: Path) -> None:
@@ -492,33 +500,91 @@ class AnswerWriter:
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
+class _Folder:
+    """A folder's mtime, read by ``fstat`` of a descriptor kept open: every answer missed
+    asks it, and a path's ``stat`` costs three times as much (a missing folder's, raising,
+    four). A folder removed (its link count 0) is opened again by its path."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: list[int] = []  # the open descriptor, if any
+        weakref.finalize(self, _close_dirs, self.fd)
+
+    def mtime(self) -> int | None:
+        """Its mtime in ns; None while it does not exist."""
+        if self.fd:
+            st = os.fstat(self.fd[0])
+            if st.st_nlink:
+                return st.st_mtime_ns
+            _close_dirs(self.fd)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        self.fd.append(fd)
+        return os.fstat(fd).st_mtime_ns
+
+    def names(self, suffix: str) -> list[str]:
+        """The names in it ending in ``suffix``, sorted (after ``mtime`` found it)."""
+        return sorted(n for n in os.listdir(self.fd[0] if self.fd else self.path)
+                      if n.endswith(suffix))
+
+
+def _close_dirs(fds: list[int]) -> None:
+    while fds:
+        os.close(fds.pop())
+
+
 class _Fds:
-    """Open answer files (at most ``most``), read by offset."""
+    """Open answer files (at most ``most``), read by offset. Rows ask their answers mostly
+    in the order the file holds them (the order they were recorded in): a read just past
+    the last block read takes the next ``_BLOCK`` bytes at once, and the answers within it
+    are sliced from memory (a ``pread`` per answer cost more than the rest of the lookup);
+    a read elsewhere takes its line alone. One block per open file."""
 
     def __init__(self, most: int = 64) -> None:
         self.most = most
         self.fds: dict[Path, int] = {}
+        self.blocks: dict[Path, tuple[int, bytes]] = {}  # path -> (offset, its bytes)
         self.lock = threading.Lock()
         weakref.finalize(self, _close_all, self.fds)
 
     def read(self, path: Path, offset: int, length: int) -> bytes:
         with self.lock:
+            block = self.blocks.get(path)
+            if block is not None:
+                at = offset - block[0]
+                if 0 <= at and at + length <= len(block[1]):
+                    return block[1][at:at + length]
             fd = self.fds.get(path)
             if fd is None:
                 if len(self.fds) >= self.most:
-                    os.close(self.fds.pop(next(iter(self.fds))))
+                    self._close(next(iter(self.fds)))
                 fd = self.fds[path] = os.open(path, os.O_RDONLY)
-            return os.pread(fd, length, offset)
+            if length >= _BLOCK or not (block is None or block[0] <= offset
+                                        <= block[0] + len(block[1]) + _BLOCK):
+                return os.pread(fd, length, offset)
+            data = os.pread(fd, _BLOCK, offset)
+            self.blocks[path] = (offset, data)
+            return data[:length]
+
+    def _close(self, path: Path) -> None:
+        self.blocks.pop(path, None)
+        fd = self.fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
 
     def forget(self, path: Path) -> None:
         with self.lock:
-            fd = self.fds.pop(path, None)
-            if fd is not None:
-                os.close(fd)
+            self._close(path)
 
     def close(self) -> None:
         with self.lock:
+            self.blocks.clear()
             _close_all(self.fds)
+
+
+_BLOCK = 1 << 18  # bytes read ahead of an answer read in file order (~600 answers)
 
 
 def _close_all(fds: dict[Path, int]) -> None:
