@@ -160,16 +160,18 @@ class BatchDriver:
         live = self._taken = self._live()
         history: tuple[Counter[str], dict[str, str]] | None = None
         self.answers.refresh()
+        answers, attempts = self.answers, self.attempts
         for req in requests:
-            if req.digest in live or req.digest in self.answers:
+            digest = req.digest
+            if digest in live or digest in answers:
                 continue
             history = history or self._history()
-            if history[0][req.digest] >= self.attempts:
-                self._give_up(req.digest, history[1].get(req.digest, ""))
+            if history[0].get(digest, 0) >= attempts:
+                self._give_up(digest, history[1].get(digest, ""))
                 continue
-            if not self._reserve(req):
+            if self.reserve is not None and not self._reserve(req):
                 continue
-            live.add(req.digest)
+            live.add(digest)
             yield req
 
     def _reserve(self, req: Request) -> bool:

@@ -47,15 +47,19 @@ def pack(lines: Iterable[Line], limits: FileLimits) -> Iterator[BatchFile]:
     ``ValueError`` naming it."""
     open_files: dict[tuple[str, str | None], _Open] = {}
     seen: set[str] = set()
+    one_model, max_bytes, max_inputs = limits.one_model, limits.max_bytes, limits.max_inputs
     for line in lines:
         if line.custom_id in seen:
             continue
         seen.add(line.custom_id)
-        _check_alone(line, limits)
-        where = (line.endpoint, line.model if limits.one_model else None)
-        current = open_files.setdefault(where, _Open())
-        if not current.fits(line, limits):
-            yield current.close(limits.one_model)
+        if len(line.data) > max_bytes or (max_inputs is not None and line.inputs > max_inputs):
+            _check_alone(line, limits)
+        where = (line.endpoint, line.model if one_model else None)
+        current = open_files.get(where)
+        if current is None:
+            current = open_files[where] = _Open()
+        elif not current.fits(line, limits):
+            yield current.close(one_model)
             current = open_files[where] = _Open()
         current.add(line)
     for current in open_files.values():
