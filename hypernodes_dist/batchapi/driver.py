@@ -113,9 +113,7 @@ class BatchDriver:
         self.online_after, self.resubmit_lost, self.reserve = online_after, resubmit_lost, reserve
         self.ledger = Ledger(ledger_folder or folder)
         self.answers = answers if answers is not None else AnswerStore(folder)
-        # made before any row runs: a worker's answer missed then reads its mtime, cheaper
-        # than finding it missing
-        self.answers.folder.mkdir(parents=True, exist_ok=True)
+        self.answers.make()  # before any row runs: an answer missed reads its mtime only
         self.answers.drop(REFUSED_PREFIX)  # a rerun asks the budget again
         self.files: dict[str, FileState] = self.ledger.files()
         self.counts = DriverCounts()
