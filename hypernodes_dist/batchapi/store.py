@@ -198,7 +198,7 @@ def _canonical(body: dict[str, Any], canonical: bytes,
     these per request line the driver reads)."""
     made: Canonical = _new(Canonical)
     _update(made, body)
-    made.canonical = canonical
+    made.canonical, made.named = canonical, None
     return made
 
 

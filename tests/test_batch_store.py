@@ -1,0 +1,55 @@
+"""The batch folder's stores as a reader in another process sees them: requests read back
+from the log, answers found at once after a miss, in any order, and after the folder is
+removed and made again."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+from hypernodes_dist.batchapi.identity import Canonical, canonical_body, request_digest
+from hypernodes_dist.batchapi.recording import Answer
+from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
+
+ENDPOINT = "/v1/chat/completions"
+
+
+def _body(i: int) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": f"row {i} \u00e9"}]}
+
+
+def test_a_logged_request_reads_back_as_the_canonical_body_it_was(tmp_path):
+    log = RequestLog(tmp_path)
+    log.record(ENDPOINT, _body(1), "llm")
+    (req,) = list(RequestLog(tmp_path).requests())
+    made = Canonical(_body(1), canonical_body(_body(1)))
+    assert type(req.body) is Canonical and req.body == made
+    assert {s: getattr(req.body, s) for s in Canonical.__slots__} == \
+        {s: getattr(made, s) for s in Canonical.__slots__}
+    assert (req.endpoint, req.digest, req.source) == \
+        (ENDPOINT, request_digest(ENDPOINT, _body(1)), "llm")
+
+
+def test_an_answer_written_after_a_miss_is_found_at_once_in_any_order(tmp_path):
+    writer, reader = AnswerStore(tmp_path), AnswerStore(tmp_path)
+    writer.make()
+    digests = [f"{i:032x}" for i in range(3000)]
+    assert reader.get(digests[0]) is None  # a miss, then the answers arrive
+    writer.put("batch-1", [(d, Answer(200, {"n": i, "pad": "x" * (i % 300)}))
+                           for i, d in enumerate(digests)])
+    order = list(enumerate(digests))
+    assert reader.raw(digests[0]) is not None
+    for i, d in order + random.Random(7).sample(order, len(order)):  # file order, then any
+        assert reader.get(d) == Answer(200, {"n": i, "pad": "x" * (i % 300)})
+
+
+def test_a_folder_removed_and_made_again_is_read_anew(tmp_path):
+    writer, reader = AnswerStore(tmp_path), AnswerStore(tmp_path)
+    writer.make()
+    writer.put("b1", [("a" * 32, Answer(200, {"v": 1}))])
+    assert reader.get("a" * 32) == Answer(200, {"v": 1})
+    shutil.rmtree(tmp_path / "answers")
+    AnswerStore(tmp_path).make()
+    AnswerStore(tmp_path).put("b2", [("b" * 32, Answer(200, {"v": 2}))])
+    assert reader.get("b" * 32) == Answer(200, {"v": 2})
+    assert reader.get("a" * 32) is None
