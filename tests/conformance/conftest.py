@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.groups import finish_after_group
+
 from .engines import DAFT, MEMORY, all_engines
 from .engines_memory import MODULES as MEMORY_MODULES
 
@@ -43,6 +45,14 @@ def pytest_collection_modifyitems(config, items):
         if callspec is not None and "engine" in callspec.indices:
             name = _ENGINES[callspec.indices["engine"]][0]
             item.add_marker(pytest.mark.xdist_group(f"engine-{name}"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """An engine variant (its cluster, process pool) stops after its group's last test."""
+    result = yield
+    finish_after_group(item, nextitem, ("engine",))
+    return result
 
 
 @pytest.fixture

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.groups import finish_after_group
+
 HERE = Path(__file__).parent
 SESSION = ("cluster", "client", "processes_engine", "distributed_engine")
 
@@ -23,6 +25,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             f"{params.get(name)}_engine" for name in ("any_engine", "remote_engine")}
         if uses & set(SESSION):
             item.add_marker(pytest.mark.xdist_group("dask-session"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The session's cluster and process pool stop after the group's last test."""
+    result = yield
+    finish_after_group(item, nextitem, SESSION)
+    return result
 
 
 @pytest.fixture(scope="session")
