@@ -81,7 +81,7 @@ def digest_for(endpoint: str, body: Mapping[str, Any]) -> str:
     """``request_digest``, kept on a ``Canonical`` body (computed once per endpoint)."""
     if type(body) is not Canonical:
         return digest_of(endpoint, canonical_body(body))
-    named = body.named
+    named = getattr(body, "named", None)  # unset on one built without __init__
     if named is None or named[0] != endpoint:
         named = body.named = (endpoint, digest_of(endpoint, body.canonical))
     return named[1]
