@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from asyncio.events import _get_running_loop
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -170,16 +171,28 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], fetch: _Fetch,
 
     pick = functools.partial(swap_clients if node.batch_api else _direct, names=direct)
 
-    def take(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Every value given (what resources read); the hidden inputs leave ``kwargs``."""
-        values = dict(kwargs)
+    def get(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The resources (the last call's when it read the same values); the hidden inputs
+        leave ``kwargs``."""
+        built = fetch.reused(kwargs)
+        if built is None:
+            built = fetch.get(kwargs)
         for p in hidden:
             del kwargs[p]
-        return values
+        return built
+
+    async def aget(kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``get`` for an async caller (async resources are awaited)."""
+        built = fetch.reused(kwargs)
+        if built is None:
+            built = await fetch.aget(kwargs)
+        for p in hidden:
+            del kwargs[p]
+        return built
 
     if is_async and node.is_generator:
         async def call(**kwargs: Any) -> Any:
-            built = await fetch.aget(take(kwargs))
+            built = await aget(kwargs)
             chunks = func(**kwargs, **pick(built))
             if hasattr(chunks, "__aiter__"):
                 async for chunk in chunks:
@@ -189,16 +202,16 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], fetch: _Fetch,
                     yield chunk
     elif is_async:
         async def call(**kwargs: Any) -> Any:  # type: ignore[misc]  # the async variant of call
-            built = await fetch.aget(take(kwargs))
+            built = await aget(kwargs)
             value = func(**kwargs, **pick(built))
             return await value if node.is_async else value
     elif node.is_generator:
         def call(**kwargs: Any) -> Any:
-            built = fetch.get(take(kwargs))
+            built = get(kwargs)
             yield from func(**kwargs, **pick(built))
     else:
         def call(**kwargs: Any) -> Any:
-            built = fetch.get(take(kwargs))
+            built = get(kwargs)
             return func(**kwargs, **pick(built))
     if node.batch_api:
         call = _signalled(call, node.name, is_async)
@@ -270,6 +283,12 @@ class _Fetch:
         self.learns = {r.name: limits_key(r, idents[r.name]) for r in needed if r.limits is None}
         # the last inputs (every value, as given), their digest and their dict, by resource
         self.digests: dict[str, tuple[tuple[Any, ...], str, dict[str, Any]]] = {}
+        names = {r.name for r in needed}
+        # the values the resources read, and the last fetch: (those values, the registry,
+        # its generation, the running loop, what it built): a map's every call reads the
+        # same broadcast values, so its calls after the first reuse the first's objects
+        self.reads = tuple(dict.fromkeys(p for r in needed for p in r.params if p not in names))
+        self.last: tuple[tuple[Any, ...], Any, int, Any, dict[str, Any]] | None = None
 
     def _inputs(self, res: Resource, values: Mapping[str, Any],
                 built: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -290,19 +309,46 @@ class _Fetch:
     def get(self, values: Mapping[str, Any]) -> dict[str, Any]:
         built: dict[str, Any] = {}
         reg = registry.REGISTRY
+        generation = reg.generation
         for res, ident in self.needed:
             inputs, digest = self._inputs(res, values, built)
             built[res.name] = obj = reg.get(res, ident, digest, inputs)
             if res.name in self.learns:
                 watch(obj, self.learns[res.name])
+        self._remember(values, reg, generation, built)
         return built
 
     async def aget(self, values: Mapping[str, Any]) -> dict[str, Any]:
         built: dict[str, Any] = {}
         reg = registry.REGISTRY
+        generation = reg.generation
         for res, ident in self.needed:
             inputs, digest = self._inputs(res, values, built)
             built[res.name] = obj = await reg.aget(res, ident, digest, inputs)
             if res.name in self.learns:
                 watch(obj, self.learns[res.name])
+        self._remember(values, reg, generation, built)
         return built
+
+    def _remember(self, values: Mapping[str, Any], reg: registry.Registry, generation: int,
+                  built: dict[str, Any]) -> None:
+        self.last = (tuple(values.get(p, _ABSENT) for p in self.reads), reg, generation,
+                     _get_running_loop(), built)
+
+    def reused(self, values: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The last ``aget``'s resources when ``values`` holds the same objects it read, on
+        the same loop, and the registry has not closed them since (else ``None``)."""
+        last = self.last
+        if last is None:
+            return None
+        given, reg, generation, loop, built = last
+        if reg is not registry.REGISTRY or reg.generation != generation or (
+                loop is not _get_running_loop()):
+            return None
+        for p, v in zip(self.reads, given):
+            if values.get(p, _ABSENT) is not v:
+                return None
+        return built
+
+
+_ABSENT = object()  # an input not given (its resource's default applies)

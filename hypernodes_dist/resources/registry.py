@@ -76,6 +76,7 @@ class Registry:
         self.building: dict[Key, threading.Lock] = {}  # sync builds, one at a time per key
         self.awaiting: dict[Key, asyncio.Lock] = {}  # async builds, one at a time per key
         self.finalizer: Any = None
+        self.generation = 0  # counts closes: a caller's remembered values are then stale
 
     # -- getting a resource ------------------------------------------------------------------
     def get(self, res: Resource, ident: str, digest: str, inputs: Mapping[str, Any]) -> Any:
@@ -170,6 +171,7 @@ class Registry:
     def close(self) -> None:
         """Tear every resource down, newest first; a failing teardown is skipped."""
         with self.lock:
+            self.generation += 1
             keys, self.order = self.order[::-1], []
             entries = [self.entries.pop(k) for k in keys if k in self.entries]
             self.failures.clear()
