@@ -289,6 +289,7 @@ class _Fetch:
         # same broadcast values, so its calls after the first reuse the first's objects
         self.reads = tuple(dict.fromkeys(p for r in needed for p in r.params if p not in names))
         self.last: tuple[tuple[Any, ...], Any, int, Any, dict[str, Any]] | None = None
+        self.on_loop = any(r.is_async for r in needed)  # built per event loop
 
     def _inputs(self, res: Resource, values: Mapping[str, Any],
                 built: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -333,7 +334,7 @@ class _Fetch:
     def _remember(self, values: Mapping[str, Any], reg: registry.Registry, generation: int,
                   built: dict[str, Any]) -> None:
         self.last = (tuple(values.get(p, _ABSENT) for p in self.reads), reg, generation,
-                     _get_running_loop(), built)
+                     _get_running_loop() if self.on_loop else None, built)
 
     def reused(self, values: Mapping[str, Any]) -> dict[str, Any] | None:
         """The last ``aget``'s resources when ``values`` holds the same objects it read, on
@@ -343,7 +344,7 @@ class _Fetch:
             return None
         given, reg, generation, loop, built = last
         if reg is not registry.REGISTRY or reg.generation != generation or (
-                loop is not _get_running_loop()):
+                self.on_loop and loop is not _get_running_loop()):
             return None
         for p, v in zip(self.reads, given):
             if values.get(p, _ABSENT) is not v:
