@@ -28,7 +28,7 @@ from hypernodes_dist.batchapi.recording import (
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine, hash_value
 from hypernodes_dist.errors import GraphBuildError
-from hypernodes_dist.execution.batchwait import outcome, swap_clients
+from hypernodes_dist.execution.batchwait import LINK, outcome, swap_clients
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.policies.learned import watch
 from hypernodes_dist.policies.spec import Policy
@@ -168,31 +168,11 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], fetch: _Fetch,
     ``batch_api`` node the clients are recording copies (``execution/batchwait.py``)."""
     func = node.func
     assert func is not None
-
-    pick = functools.partial(swap_clients if node.batch_api else _direct, names=direct)
-
-    def get(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The resources (the last call's when it read the same values); the hidden inputs
-        leave ``kwargs``."""
-        built = fetch.reused(kwargs)
-        if built is None:
-            built = fetch.get(kwargs)
-        for p in hidden:
-            del kwargs[p]
-        return built
-
-    async def aget(kwargs: dict[str, Any]) -> dict[str, Any]:
-        """``get`` for an async caller (async resources are awaited)."""
-        built = fetch.reused(kwargs)
-        if built is None:
-            built = await fetch.aget(kwargs)
-        for p in hidden:
-            del kwargs[p]
-        return built
-
+    fetch.hidden = hidden
+    pick = _Pick(direct, node.batch_api)
     if is_async and node.is_generator:
         async def call(**kwargs: Any) -> Any:
-            built = await aget(kwargs)
+            built = await fetch.ataking(kwargs)
             chunks = func(**kwargs, **pick(built))
             if hasattr(chunks, "__aiter__"):
                 async for chunk in chunks:
@@ -200,24 +180,71 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], fetch: _Fetch,
             else:
                 for chunk in chunks:
                     yield chunk
+    elif is_async and node.batch_api:
+        call = _batch_call(func, node, fetch, pick)
     elif is_async:
         async def call(**kwargs: Any) -> Any:  # type: ignore[misc]  # the async variant of call
-            built = await aget(kwargs)
+            built = await fetch.ataking(kwargs)
             value = func(**kwargs, **pick(built))
             return await value if node.is_async else value
     elif node.is_generator:
         def call(**kwargs: Any) -> Any:
-            built = get(kwargs)
+            built = fetch.taking(kwargs)
             yield from func(**kwargs, **pick(built))
     else:
         def call(**kwargs: Any) -> Any:
-            built = get(kwargs)
+            built = fetch.taking(kwargs)
             return func(**kwargs, **pick(built))
-    if node.batch_api:
+    if node.batch_api and not (is_async and not node.is_generator):
         call = _signalled(call, node.name, is_async)
     functools.update_wrapper(call, func)
     del call.__wrapped__  # type: ignore[attr-defined]  # the bound signature is **kwargs
     return call
+
+
+def _batch_call(func: Callable[..., Any], node: HyperNode, fetch: _Fetch, pick: _Pick
+                ) -> Callable[..., Any]:
+    """An async ``batch_api`` node's call: the resources, then the code as ``_signalled``
+    runs it, in one coroutine (its calls are many: one frame and one copy of the
+    arguments fewer per call)."""
+    name, awaited = node.name, node.is_async
+
+    async def call(**kwargs: Any) -> Any:
+        built = await fetch.ataking(kwargs)
+        with answered_scope():
+            try:
+                value = func(**kwargs, **pick(built))
+                if awaited:
+                    value = await value
+            except _SIGNALS as exc:
+                err = _detached(exc, name)
+            else:
+                _count_answered()
+                return value
+        raise err
+    return call
+
+
+class _Pick:
+    """The clients a call receives of what its fetch built (a ``batch_api`` node's: their
+    recording copies while a map's batch link is current); the last call's again for the
+    same built objects and link."""
+
+    __slots__ = ("names", "batch_api", "last")
+
+    def __init__(self, names: list[str], batch_api: bool) -> None:
+        self.names, self.batch_api = names, batch_api
+        self.last: tuple[Any, Any, dict[str, Any]] | None = None  # built, link, picked
+
+    def __call__(self, built: Mapping[str, Any]) -> dict[str, Any]:
+        link = LINK.get() if self.batch_api else None
+        last = self.last
+        if last is not None and last[0] is built and last[1] is link:
+            return last[2]
+        picked = swap_clients(built, self.names) if self.batch_api else _direct(built,
+                                                                                 self.names)
+        self.last = (built, link, picked)
+        return picked
 
 
 def _direct(built: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
@@ -290,6 +317,7 @@ class _Fetch:
         self.reads = tuple(dict.fromkeys(p for r in needed for p in r.params if p not in names))
         self.last: tuple[tuple[Any, ...], Any, int, Any, dict[str, Any]] | None = None
         self.on_loop = any(r.is_async for r in needed)  # built per event loop
+        self.hidden: tuple[str, ...] = ()  # inputs only resources read (not the node)
 
     def _inputs(self, res: Resource, values: Mapping[str, Any],
                 built: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -335,6 +363,25 @@ class _Fetch:
                   built: dict[str, Any]) -> None:
         self.last = (tuple(values.get(p, _ABSENT) for p in self.reads), reg, generation,
                      _get_running_loop() if self.on_loop else None, built)
+
+    def taking(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The resources of a call with ``kwargs`` (the last call's when it read the same
+        values); the hidden inputs (what only resources read) leave ``kwargs``."""
+        built = self.reused(kwargs)
+        if built is None:
+            built = self.get(kwargs)
+        for p in self.hidden:
+            del kwargs[p]
+        return built
+
+    async def ataking(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``taking`` for an async caller (async resources are awaited)."""
+        built = self.reused(kwargs)
+        if built is None:
+            built = await self.aget(kwargs)
+        for p in self.hidden:
+            del kwargs[p]
+        return built
 
     def reused(self, values: Mapping[str, Any]) -> dict[str, Any] | None:
         """The last ``aget``'s resources when ``values`` holds the same objects it read, on
