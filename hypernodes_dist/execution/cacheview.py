@@ -62,6 +62,11 @@ class CacheView:
             return value
         return self._store().get_many([key], node).get(key, MISSING)
 
+    def computing(self, key: str) -> bool:
+        """Whether an identical call of this batch is computing ``key`` (``in_flight``)."""
+        running = self.running
+        return running is not None and key in running
+
     async def in_flight(self, key: str) -> Any:
         """What the identical call in flight produces (``MISSING``: none, or it failed)."""
         running = self.running

@@ -143,7 +143,7 @@ async def _step(flow: Flow, node: HyperNode, i: int) -> None:
     if st.keys is not None and st.keys.cacheable(node):
         key = _key_of(flow, node, i)
         value = _cached(flow, node, i, key)
-        if value is MISSING:  # an identical item may be computing it
+        if value is MISSING and st.view.computing(key):  # an identical item computes it
             value = await st.view.in_flight(key)
         if value is not MISSING:
             _put(st, node, i, value, HIT)
