@@ -8,12 +8,14 @@ import subprocess
 import sys
 import threading
 
+import cloudpickle
 import pytest
 
 from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import DiskCache, Graph, node, resource
 from hypernodes_dist.errors import GraphBuildError, GraphInputError, ResourceError
 from hypernodes_dist.resources import release_resources
+from hypernodes_dist.resources.bind import bind_resources
 from hypernodes_dist.resources.registry import REGISTRY
 from tests.conformance import resource_graphs as R
 
@@ -81,6 +83,20 @@ def test_one_build_per_distinct_inputs_and_teardown_on_close():
     assert BUILDS.count("counter") == 1
     graph.engine.close()
     assert BUILDS[-1] == "counter-teardown"
+
+
+def test_calls_reuse_the_built_resources_until_a_close_and_a_called_node_still_ships():
+    graph = Graph([counter, make_prefix, greet])
+    assert graph.run({"name": "a"})["out"] == "hi:a"
+    assert graph.run({"name": "b", "word": "yo"})["out"] == "yo:b"  # other inputs: another
+    assert graph.run({"name": "c"})["out"] == "hi:c"
+    graph.engine.close()
+    assert graph.run({"name": "d"})["out"] == "hi:d"  # built again after the close
+    assert BUILDS.count("prefix:hi") == 2 and BUILDS.count("counter") == 2
+    [bound] = bind_resources([greet], {"counter": counter, "prefix": make_prefix})
+    assert bound.func(name="e", word="hi") == "hi:e"
+    shipped = cloudpickle.loads(cloudpickle.dumps(bound))  # without the counter's lock
+    assert shipped.func(name="f", word="hi") == "hi:f"
 
 
 def test_invalid_resource_graphs_are_rejected_at_build():

@@ -236,6 +236,9 @@ class _Pick:
         self.names, self.batch_api = names, batch_api
         self.last: tuple[Any, Any, dict[str, Any]] | None = None  # built, link, picked
 
+    def __reduce__(self) -> tuple[Any, ...]:  # shipped without what this process picked
+        return (_Pick, (self.names, self.batch_api))
+
     def __call__(self, built: Mapping[str, Any]) -> dict[str, Any]:
         link = LINK.get() if self.batch_api else None
         last = self.last
@@ -363,6 +366,9 @@ class _Fetch:
                   built: dict[str, Any]) -> None:
         self.last = (tuple(values.get(p, _ABSENT) for p in self.reads), reg, generation,
                      _get_running_loop() if self.on_loop else None, built)
+
+    def __getstate__(self) -> dict[str, Any]:  # shipped without this process's objects
+        return {**self.__dict__, "last": None}
 
     def taking(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The resources of a call with ``kwargs`` (the last call's when it read the same
