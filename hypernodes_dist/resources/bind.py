@@ -195,8 +195,8 @@ def _caller(node: HyperNode, is_async: bool, direct: list[str], fetch: _Fetch,
         def call(**kwargs: Any) -> Any:
             built = fetch.taking(kwargs)
             return func(**kwargs, **pick(built))
-    if node.batch_api and not (is_async and not node.is_generator):
-        call = _signalled(call, node.name, is_async)
+    if node.batch_api and not is_async:
+        call = _signalled(call, node.name)
     functools.update_wrapper(call, func)
     del call.__wrapped__  # type: ignore[attr-defined]  # the bound signature is **kwargs
     return call
@@ -254,23 +254,11 @@ def _direct(built: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
     return {p: built[p] for p in names}
 
 
-def _signalled(call: Callable[..., Any], name: str, is_async: bool) -> Callable[..., Any]:
-    """A ``batch_api`` node's call: ``in_batch_api()`` False until a batch answers one of
-    its calls; a recorded call makes the item wait (``WaitingForBatch``), an unbatchable
-    call or a budget refusal fails it (``batchwait.outcome``)."""
-    if is_async:
-        async def signalled(**kwargs: Any) -> Any:
-            with answered_scope():
-                try:
-                    value = await call(**kwargs)
-                except _SIGNALS as exc:
-                    err = _detached(exc, name)
-                else:
-                    _count_answered()
-                    return value
-            raise err
-        return signalled
-
+def _signalled(call: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A sync ``batch_api`` node's call: ``in_batch_api()`` False until a batch answers one
+    of its calls; a recorded call makes the item wait (``WaitingForBatch``), an unbatchable
+    call or a budget refusal fails it (``batchwait.outcome``). The async twin is
+    ``_batch_call`` (a ``batch_api`` node streams nothing: no generator)."""
     def signalled_sync(**kwargs: Any) -> Any:
         with answered_scope():
             try:
