@@ -432,12 +432,13 @@ class AnswerStore:
             return True
 
     def _load(self, path: Path) -> None:
-        number = self._number(path)
+        lines: list[tuple[str, int, int, int]] = []
         offset = 0
         with open(path, "rb") as f:
             for raw in f:
-                self._add(raw, number, offset)
+                lines.append(_line_of(raw, offset))
                 offset += len(raw)
+        self._note(self._number(path), lines)
 
     def _number(self, path: Path) -> int:
         number = self._loaded.get(path.name)
@@ -446,20 +447,27 @@ class AnswerStore:
             self._paths.append(path)
         return number
 
-    def _add(self, raw: bytes, number: int, offset: int) -> None:
-        """Index one answer line written by ``AnswerWriter`` (``{"d":...,"s":...,"b":...}``)."""
-        if raw.startswith(b'{"d":"') and raw[38:44] == b'","s":':
-            digest, status = raw[6:38].decode(), int(raw[44:raw.index(b",", 44)])
-        else:  # not in the written layout: parse it
-            obj = json.loads(raw)
-            digest, status = obj["d"], obj["s"]
-        self._note(digest, status, number, offset, len(raw))
+    def _note(self, number: int, lines: Iterable[tuple[str, int, int, int]]) -> None:
+        """Index the answers of file ``number`` (digest, status, offset, length): where
+        each line is, whether it is sent online or a refusal."""
+        index, refused = self._index, self._refused
+        for digest, status, offset, length in lines:
+            index[digest] = (offset << 64) | (length << 24) | number
+            if status == 0:
+                self.online = True
+            if status == REFUSED:
+                refused.add(digest)
+            elif refused:
+                refused.discard(digest)
 
-    def _note(self, digest: str, status: int, number: int, offset: int, length: int) -> None:
-        """Index one answer: where its line is, whether it is sent online or a refusal."""
-        self._index[digest] = (offset << 64) | (length << 24) | number
-        self.online = self.online or status == 0
-        (self._refused.add if status == REFUSED else self._refused.discard)(digest)
+
+def _line_of(raw: bytes, offset: int) -> tuple[str, int, int, int]:
+    """An answer line written by ``AnswerWriter`` (``{"d":...,"s":...,"b":...}``) at
+    ``offset``, as the index takes it: digest, status, offset, length."""
+    if raw.startswith(b'{"d":"') and raw[38:44] == b'","s":':
+        return raw[6:38].decode(), int(raw[44:raw.index(b",", 44)]), offset, len(raw)
+    obj = json.loads(raw)  # not in the written layout: parse it
+    return obj["d"], obj["s"], offset, len(raw)
 
 
 _ONLINE_CHECK = 0.05  # seconds between two reads of the folder by sends_online
@@ -504,9 +512,7 @@ class AnswerWriter:
         with store._lock:
             if path.name in store._loaded:  # written again: its old lines are gone
                 store._fds.forget(path)
-            number = store._number(path)
-            for digest, status, offset, length in self.lines:
-                store._note(digest, status, number, offset, length)
+            store._note(store._number(path), self.lines)
 
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
