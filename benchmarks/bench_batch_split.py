@@ -31,7 +31,11 @@ The columns, in CPU seconds for the run and per 1M rows:
   less the instrument's calibrated cost inside them;
 - total: the plain run's process CPU.
 
-    .venv/bin/python benchmarks/bench_batch_split.py --rows 20000
+Each part's run-to-run noise is that of two runs (the plain run's total, the timed run's
+(a)): ``--pairs N`` makes N plain and N timed runs, alternating, and reports each part's
+median (and each pair's value).
+
+    .venv/bin/python benchmarks/bench_batch_split.py --rows 20000 [--pairs 3]
 """
 
 from __future__ import annotations
@@ -212,9 +216,41 @@ def split(rows: int, plain: dict[str, Any], timed: dict[str, Any]) -> list[dict[
              "share": f"{100 * v / total:.0f}%"} for k, v in parts]
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def report_of(rows: int, runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """The results of ``runs`` (plain, timed) pairs: each part's median over them, and
+    each pair's value (``each_s_per_1M``)."""
+    splits = [split(rows, plain, timed) for plain, timed in runs]
+    table = []
+    for i, first in enumerate(splits[0]):
+        cpu = _median([sp[i]["cpu_s"] for sp in splits])
+        table.append({"part": first["part"], "cpu_s": round(cpu, 2),
+                      "s_per_1M": round(cpu * 1e6 / rows),
+                      "share": f"{100 * cpu / _median([r[0]['cpu_s'] for r in runs]):.0f}%",
+                      "each_s_per_1M": " / ".join(str(sp[i]["s_per_1M"]) for sp in splits)})
+    plain, timed = runs[-1]
+    acc = timed["acc"]
+    clocks = 2 * (acc["calls record"] + acc["calls replay"] + acc["nodes record"]
+                  + acc["nodes replay"])
+    return {"rows": rows, "pairs": len(runs), "wall_s": round(plain["wall_s"], 1),
+            "cpu_s": round(_median([r[0]["cpu_s"] for r in runs]), 2), "map": plain["map"],
+            "split": table,
+            "timed_run": {"cpu_s": round(timed["cpu_s"], 2), "map": timed["map"],
+                          "thread_time_calls_per_row": round(clocks / rows, 1),
+                          "inside_us": round(timed["inside_us"], 2),
+                          "outside_us": round(timed["outside_us"], 2), "acc": acc}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--rows", type=int, default=20_000)
+    p.add_argument("--pairs", type=int, default=1,
+                   help="plain and timed runs, alternating: each part's median is reported")
     p.add_argument("--name", default="batch_split", help="results/<name>.json")
     p.add_argument("--mode", choices=["plain", "timed"], help="one run, in this process")
     p.add_argument("--out", help="--mode's results file")
@@ -223,21 +259,14 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(run_once(args.rows, args.mode == "timed")))
         return
     load = os.getloadavg()[0]
-    plain, timed = _child(args.rows, "plain"), _child(args.rows, "timed")
-    acc = timed["acc"]
-    clocks = 2 * (acc["calls record"] + acc["calls replay"] + acc["nodes record"]
-                  + acc["nodes replay"])
-    report = {"rows": args.rows, "wall_s": round(plain["wall_s"], 1),
-              "cpu_s": round(plain["cpu_s"], 2), "map": plain["map"],
-              "split": split(args.rows, plain, timed),
-              "timed_run": {"cpu_s": round(timed["cpu_s"], 2), "map": timed["map"],
-                            "thread_time_calls_per_row": round(clocks / args.rows, 1),
-                            "inside_us": round(timed["inside_us"], 2),
-                            "outside_us": round(timed["outside_us"], 2), "acc": acc},
-              "fast_path": fastcalls is not None, "machine": machine(load)}
-    print_table(report["split"], ["part", "cpu_s", "s_per_1M", "share"])
-    print(f"plain run: {report['cpu_s']} CPU s for {args.rows:,} rows, wall {report['wall_s']} s;"
-          f" timed run: {report['timed_run']['cpu_s']} CPU s, "
+    runs = [(_child(args.rows, "plain"), _child(args.rows, "timed"))
+            for _ in range(args.pairs)]
+    report = {**report_of(args.rows, runs), "fast_path": fastcalls is not None,
+              "machine": machine(load)}
+    cols = ["part", "cpu_s", "s_per_1M", "share"] + (["each_s_per_1M"] if args.pairs > 1 else [])
+    print_table(report["split"], cols)
+    print(f"plain run: {report['cpu_s']} CPU s for {args.rows:,} rows (median of {args.pairs}), "
+          f"wall {report['wall_s']} s; timed run: {report['timed_run']['cpu_s']} CPU s, "
           f"{report['timed_run']['thread_time_calls_per_row']} clock reads a row")
     print(f"wrote {write_results(RESULTS, args.name, report)}")
 
