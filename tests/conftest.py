@@ -4,11 +4,14 @@ give each test process (one per pytest-xdist worker) machine-wide limit state of
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import sys
 import tempfile
+from pathlib import Path
 
+import certifi
 import pytest
 
 from hypernodes_bench.batch_server import DEFAULTS as BATCH_DEFAULTS
@@ -66,10 +69,37 @@ LIMITS_DIR = tempfile.mkdtemp(prefix=f"hn-limits-{os.environ.get('PYTEST_XDIST_W
 os.environ["HYPERNODES_LIMITS_DIR"] = LIMITS_DIR
 
 
+def _one_certificate_bundle() -> str:
+    """A CA bundle of one certificate (certifi's first), in a folder of this process."""
+    bundle = re.search(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n",
+                       Path(certifi.where()).read_text(), re.S)
+    assert bundle is not None, certifi.where()
+    path = os.path.join(tempfile.mkdtemp(prefix="hn-ca-"), "one-ca.pem")
+    Path(path).write_text(bundle.group(0))
+    return path
+
+
+# Every HTTP client the tests build (openai, anthropic, httpx: thousands per run, in the
+# workers and the processes they start) loads a CA bundle for TLS: 17 ms of CPU each with
+# certifi's or the system's (~150 certificates), 0.4 ms with one. The tests speak plain HTTP
+# to 127.0.0.1 only and verify no TLS peer: their processes get a bundle of one certificate
+# (httpx reads SSL_CERT_FILE; xdist workers inherit the controller's). Daft, imported by
+# every worker and by Ray's, sends no telemetry.
+if not os.environ.get("HN_TESTS_CA_BUNDLE"):
+    os.environ["SSL_CERT_FILE"] = os.environ["HN_TESTS_CA_BUNDLE"] = _one_certificate_bundle()
+    CA_DIR: str | None = os.path.dirname(os.environ["SSL_CERT_FILE"])
+else:
+    CA_DIR = None
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
 def pytest_unconfigure(config) -> None:
-    """Semaphores outlive their processes: remove this process's, then its limits folder."""
+    """Semaphores outlive their processes: remove this process's, then its limits folder
+    (and the CA bundle folder it made)."""
     remove_semaphores(LIMITS_DIR)
     shutil.rmtree(LIMITS_DIR, ignore_errors=True)
+    if CA_DIR is not None:
+        shutil.rmtree(CA_DIR, ignore_errors=True)
 
 
 WORKER_FIGURES: list[dict] = []  # the reliability figures each xdist worker sent back
