@@ -9,17 +9,20 @@ copy's resource objects get a per-instance ``create`` that builds the body the S
 send straight from the keyword arguments: the given params (``NotGiven``/``Omit`` dropped),
 the SDK's own defaults (openai embeddings: ``encoding_format="base64"``), ``extra_body``
 merged over them as the SDK merges it. A call of plain JSON values is then looked up:
-not answered, it is recorded and ``BatchWait`` raised with no SDK work at all; answered (or
-sent online), the SDK's own ``create`` runs as before, so the client builds its own
-response type or raises its own error, and the answer found here is passed on
-(``take_passed``) so the request is not looked up twice. Anything else (positional
+not answered, it is recorded and ``BatchWait`` raised with no SDK work at all; answered 2xx,
+the SDK's return value is built from the answer as the SDK builds it (``fastreplies.py``:
+no request, no response; self-checked apart, below); any other answer (or sent online), the
+SDK's own ``create`` runs as before, so the client raises its own error, and the answer
+found here is passed on (``take_passed``) so the request is not looked up twice. Anything else (positional
 arguments, ``extra_headers``, ``extra_query``, ``timeout``, ``stream=True``, a param sent
 as a header, a value that is not plain JSON, a missing or unknown argument) is the SDK's.
 
 Self-checking: the first fast call per (client class, method, arguments given) in a process is
 also built the SDK's way (its ``create`` run until the request is built, ``capturing``) and
 the two canonical bodies compared; on any difference the fast path is off for that method
-in this process. A param whose type carries a ``PropertyInfo`` alias or format below its
+in this process. Likewise the first fast answer per (client class, method, arguments
+given) is also made the SDK's way and compared (``fastreplies.same``); a difference
+switches the fast answer off for that method. A param whose type carries a ``PropertyInfo`` alias or format below its
 top level (where the SDK's rewrite depends on the value) never takes the fast path; at the
 top level the check proves it.
 """
@@ -34,10 +37,12 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from hypernodes_dist.batchapi import fastreplies
+from hypernodes_dist.batchapi.fastreplies import Reply
 from hypernodes_dist.batchapi.identity import Canonical, canonical_json
 
 __all__ = ["Known", "KNOWN", "Captured", "install", "capturing", "take_passed",
-           "switched_off", "took_fast_path", "plain"]
+           "switched_off", "took_fast_path", "answers_off", "took_fast_answer", "plain"]
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _CONTROLS = ("extra_headers", "extra_query", "extra_body", "timeout")
@@ -61,6 +66,20 @@ def _anthropic_guard(resource: Any, kwargs: Mapping[str, Any]) -> bool:
     return True
 
 
+def _anthropic_loud(resource: Any, kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``messages.create`` would warn of the call's model (deprecated; thinking
+    "enabled" on a model that takes "adaptive"): its way then, so the user sees it. True
+    too when the SDK's lists are not where they were."""
+    module = sys.modules.get(type(resource).__module__)
+    old = getattr(module, "DEPRECATED_MODELS", None)
+    thinks = getattr(module, "MODELS_TO_WARN_WITH_THINKING_ENABLED", None)
+    if old is None or thinks is None:
+        return True
+    model, thinking = kwargs.get("model"), kwargs.get("thinking")
+    return model in old or (model in thinks and isinstance(thinking, dict)
+                            and thinking.get("type") == "enabled")
+
+
 class Known(NamedTuple):
     """A client method the fast path takes."""
 
@@ -71,24 +90,32 @@ class Known(NamedTuple):
     defaults: Mapping[str, Any] = {}     # body keys the SDK sets when not given
     apart: frozenset[str] = frozenset()  # params the SDK sends elsewhere (headers)
     guard: Callable[[Any, Mapping[str, Any]], bool] | None = None  # the SDK's own refusals
+    reply: Reply | None = None  # how create builds its return value (fastreplies.py)
 
 
 KNOWN: tuple[Known, ...] = (
     Known(("chat", "completions"), "openai.resources.chat.completions.completions",
           "/v1/chat/completions",
-          "openai.types.chat.completion_create_params:CompletionCreateParamsNonStreaming"),
+          "openai.types.chat.completion_create_params:CompletionCreateParamsNonStreaming",
+          reply=Reply("openai.types.chat.chat_completion:ChatCompletion")),
     Known(("embeddings",), "openai.resources.embeddings", "/v1/embeddings",
           "openai.types.embedding_create_params:EmbeddingCreateParams",
-          defaults={"encoding_format": "base64"}),
+          defaults={"encoding_format": "base64"},
+          reply=Reply("openai.types.create_embedding_response:CreateEmbeddingResponse",
+                      post=fastreplies.embeddings_post)),
     Known(("responses",), "openai.resources.responses.responses", "/v1/responses",
-          "openai.types.responses.response_create_params:ResponseCreateParamsNonStreaming"),
+          "openai.types.responses.response_create_params:ResponseCreateParamsNonStreaming",
+          reply=Reply("openai.types.responses.response:Response")),
     Known(("messages",), "anthropic.resources.messages.messages", "/v1/messages", "",
-          apart=frozenset({"user_profile_id", "workspace_id"}), guard=_anthropic_guard),
+          apart=frozenset({"user_profile_id", "workspace_id"}), guard=_anthropic_guard,
+          reply=Reply("anthropic.types.message:Message", loud=_anthropic_loud)),
 )
 
 _VERDICTS: dict[tuple[Any, ...], bool] = {}  # (method, arguments): checked equal
 _OFF: set[tuple[type, type]] = set()         # methods (client, resource class) that disagreed
 _MARKS: dict[tuple[str, str], int] = {}      # (params, key): 0 none, 1 top level, 2 below
+_REPLIED: set[tuple[Any, ...]] = set()       # (method, arguments): fast answer checked equal
+_REPLY_OFF: set[tuple[type, type]] = set()   # methods whose fast answer disagreed
 
 
 class Captured(BaseException):  # noqa: N818 - a signal, carried out of the SDK's create
@@ -118,6 +145,19 @@ def switched_off(client_class: type, resource_class: type) -> bool:
     """Whether the self-check switched the fast path off for the ``create`` of
     ``resource_class`` (``chat.completions``...) of ``client_class``'s clients."""
     return (client_class, resource_class) in _OFF
+
+
+def answers_off(client_class: type, resource_class: type) -> bool:
+    """Whether the self-check switched the fast answer off for that method (the SDK builds
+    its return value from the answer, through its request and response)."""
+    return (client_class, resource_class) in _REPLY_OFF
+
+
+def took_fast_answer(client_class: type, resource_class: type) -> bool:
+    """Whether an answered call of that method was built without the SDK's request and
+    response in this process (its self-check passed, and it is not switched off)."""
+    method = (client_class, resource_class)
+    return method not in _REPLY_OFF and any(k[0] == method for k in _REPLIED)
 
 
 def took_fast_path(client_class: type, resource_class: type) -> bool:
@@ -233,6 +273,7 @@ class FastCreate:
         self.required = frozenset(p.name for p in signature.parameters.values()
                                   if p.default is inspect.Parameter.empty and p.name != "self")
         self.shapes: dict[tuple[str, ...], _Shape | None] = {}
+        self.replier = fastreplies.replier(known.reply, resource)
 
     def shape(self, names: tuple[str, ...]) -> _Shape | None:
         """What the argument names say (None: the SDK's way: a required one missing, one
@@ -317,6 +358,33 @@ class FastCreate:
         the SDK builds; ``BatchWait`` here once the call is recorded."""
         return self.transport.lookup(found.endpoint, found.body)
 
+    def replied(self, answer: Any, kwargs: Mapping[str, Any]) -> tuple[Any] | None:
+        """The call's return value built from its 2xx ``answer`` without the SDK's request
+        and response (``fastreplies.py``; ``in_batch_api()`` then True), or None: the SDK's
+        way (another status, sent online, its fast answer off, a call it would warn of)."""
+        replier = self.replier
+        if replier is None or not 200 <= answer.status < 300 or self.method in _REPLY_OFF \
+                or not replier.takes(kwargs):
+            return None
+        try:
+            value = replier.build(answer.body, kwargs)
+        except Exception:  # noqa: BLE001 - the SDK's way raises its own error, if any
+            return None
+        if value is None:
+            return None
+        self.transport.answered()
+        return (value,)
+
+    def checked(self, found: _Found, fast: Any, sdk: Any) -> Any:
+        """The fast answer's self-check: ``sdk`` (the SDK's own value) is returned; the
+        fast answer is off for this method in this process unless ``fast`` is the same."""
+        replier = self.replier
+        if replier is not None and fastreplies.same(fast, sdk, replier.model):
+            _REPLIED.add(found.key)
+        else:
+            _REPLY_OFF.add(self.method)
+        return sdk
+
 
 class _Capture:
     """While in it, the SDK's request build raises ``Captured``: kept as ``found``."""
@@ -344,11 +412,16 @@ def _sync_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any
             found = fast.judged(found, capture.found)
         if found is None:
             return sdk(*args, **kwargs)
-        token = _PASSED.set(fast.answer_of(found))
+        answer = fast.answer_of(found)
+        replied = fast.replied(answer, kwargs)
+        if replied is not None and found.key in _REPLIED:
+            return replied[0]
+        token = _PASSED.set(answer)
         try:
-            return sdk(**kwargs)
+            made = sdk(**kwargs)
         finally:
             _PASSED.reset(token)
+        return made if replied is None else fast.checked(found, replied[0], made)
     return create
 
 
@@ -361,11 +434,16 @@ def _async_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., An
             found = fast.judged(found, capture.found)
         if found is None:
             return await sdk(*args, **kwargs)
-        token = _PASSED.set(fast.answer_of(found))
+        answer = fast.answer_of(found)
+        replied = fast.replied(answer, kwargs)
+        if replied is not None and found.key in _REPLIED:
+            return replied[0]
+        token = _PASSED.set(answer)
         try:
-            return await sdk(**kwargs)
+            made = await sdk(**kwargs)
         finally:
             _PASSED.reset(token)
+        return made if replied is None else fast.checked(found, replied[0], made)
     return create
 
 

@@ -222,6 +222,10 @@ class RecordingTransport:
             raise BudgetRefusal(_json(answer.body))
         return ONLINE if answer.status == 0 else answer
 
+    def answered(self) -> None:
+        """A call of the node's code was answered by a batch (``in_batch_api()``)."""
+        _ANSWERED.set(True)
+
     def _response(self, request: Any, answer: Answer) -> Any:
         _ANSWERED.set(True)
         if isinstance(answer.body, bytes):
