@@ -17,8 +17,11 @@ part, local engine) against the fake provider, run twice, each in a fresh proces
 
 The columns, in CPU seconds for the run and per 1M rows:
 
-- (a) the node's code with its client once, as the online path runs it: the timed run's
-  replay pass, less our recording code in it (and the instrument's calibrated cost);
+- (a) the node's code with its client once: the timed run's replay pass, less our
+  recording code in it (and the instrument's calibrated cost); where the fast answer
+  (``batchapi/fastreplies.py``) builds a known call's value from its answer, that build
+  (the SDK's ``construct_type`` and post-parser) is in (a), the SDK's request and
+  response not run;
 - (b) what the batch path adds of the client: the timed run's record pass, less our
   recording code in it (the node's own code; openai turning the params into the body,
   where our fast path of a known ``create``, ``batchapi/fastcalls.py``, does not take it);
