@@ -29,7 +29,8 @@ from hypernodes_dist.batchapi.recording import (
 )
 from hypernodes_dist.batchapi.store import AnswerStore, RequestLog
 from tests.batchrig import drive
-from tests.test_batch_fastcalls import CALLS, CHAT, EMB, MSG, MSGS, _client, _resource, _run
+from tests.test_batch_fastcalls import CALLS, CHAT, EMB, MSG, MSGS, _resource, _run
+from tests.test_batch_fastcalls import _client as _sync_or_openai
 
 ANSWERED = {**CALLS, "embeddings base64": (EMB, {"model": "emb", "input": ["x", "y z"],
                                                  "encoding_format": "base64"}),
@@ -38,7 +39,15 @@ ANSWERED = {**CALLS, "embeddings base64": (EMB, {"model": "emb", "input": ["x", 
 
 
 def _kinds(case: str) -> list[str]:
-    return ["anthropic"] if ANSWERED[case][0] == MSG else ["openai-sync", "openai-async"]
+    return (["anthropic", "anthropic-async"] if ANSWERED[case][0] == MSG
+            else ["openai-sync", "openai-async"])
+
+
+def _client(kind: str, base: str = "http://127.0.0.1:9/v1") -> Any:
+    if kind == "anthropic-async":
+        return anthropic.AsyncAnthropic(base_url=base.removesuffix("/v1"), api_key="x",
+                                        max_retries=0)
+    return _sync_or_openai(kind, base)
 
 
 @pytest.fixture
@@ -57,8 +66,8 @@ def _answered(fake: BatchServer, kind: str, folder: Path, cases: list[str]) -> A
         path, kwargs = ANSWERED[case]
         with pytest.raises(BatchWait):
             _run(_resource(copy, path).create(**kwargs))
-    if kind == "anthropic":
-        transport: Any = AnthropicBatches(_client(kind, fake.base_url), "m")
+    if kind.startswith("anthropic"):
+        transport: Any = AnthropicBatches(_client("anthropic", fake.base_url), "m")
     else:
         transport = OpenAIBatches(_client("openai-sync", fake.base_url), "m")
     drive(BatchDriver(transport, str(folder)), log)
@@ -110,14 +119,16 @@ def _users_view(got: Any, path: tuple[str, ...]) -> Any:
     return got.id, got.output_text, got.usage
 
 
-@pytest.mark.parametrize("kind", ["openai-sync", "openai-async", "anthropic"])
+@pytest.mark.parametrize("kind", ["openai-sync", "openai-async", "anthropic",
+                                  "anthropic-async"])
 def test_answered_calls_are_the_sdks_own_values_built_without_a_request(
         batch_fake, tmp_path, kind, fresh_checks):
     fake: BatchServer = batch_fake
     cases = [c for c in ANSWERED if kind in _kinds(c)]
     answers = _answered(fake, kind, tmp_path / "b", cases)
     copy = recording_client(_client(kind, fake.base_url), answers, print)
-    online = _client("anthropic" if kind == "anthropic" else "openai-sync", fake.base_url)
+    online = _client("anthropic" if kind.startswith("anthropic") else "openai-sync",
+                     fake.base_url)
     sdk = _sdk_way(kind, fake, answers)
     for case in cases:
         path, kwargs = ANSWERED[case]
@@ -129,11 +140,11 @@ def test_answered_calls_are_the_sdks_own_values_built_without_a_request(
         del copy._build_request
         want = _run(_resource(sdk, path).create(**kwargs))
         assert type(got) is type(want) is type(checked), case
-        model = anthropic.BaseModel if kind == "anthropic" else openai.BaseModel
+        model = anthropic.BaseModel if kind.startswith("anthropic") else openai.BaseModel
         assert same(got, want, model) and same(checked, want, model), case
         assert got.model_dump(warnings=False) == want.model_dump(warnings=False) and got == want, case
         assert got._request_id == want._request_id, case
-        if kind == "anthropic":
+        if kind.startswith("anthropic"):
             assert got._workspace_id == want._workspace_id
         assert _users_view(got, path) == _users_view(_run(_resource(online, path).create(
             **kwargs)), path), case
