@@ -129,3 +129,30 @@ def test_waits_are_reported_apart_from_running_time():
         # its own, not the item's (which began before the first attempt failed)
         assert end.started_at >= retry.timestamp + 0.3 - 0.01
         assert end.started_at + end.duration_ms / 1e3 <= end.timestamp + 0.01
+
+
+@pytest.mark.parametrize("engine", [GraphEngine(), GraphEngine(batch_size=3)])
+def test_items_that_never_wait_and_items_that_wait_under_timeouts_share_a_flow(engine):
+    """Items that end without waiting run inline; one that waits goes on in its own task,
+    its timeout scopes (the node's ``timeout=``, its own ``asyncio.timeout``) with it: the
+    slow item times out alone, every other item ends, in item order."""
+    release = asyncio.Event()
+
+    @node(output_name="y", timeout=0.5)
+    async def api(x: int) -> int:  # items 0-4 end without waiting: inline
+        if x == 5:
+            await asyncio.sleep(WAIT)  # timed out by the node's timeout
+        if x == 7:
+            async with asyncio.timeout(WAIT):  # its own scope, around a wait that ends
+                await asyncio.sleep(0.05)
+            release.set()
+        if x in (6, 9):
+            await asyncio.wait_for(release.wait(), WAIT)  # waits for item 7
+        return x * 10
+
+    res = Graph([api], engine=engine).map({"x": list(range(12))}, map_over="x",
+                                          on_error="collect")
+    assert [(i, type(r.error).__name__) for i, r in enumerate(res) if r.error] == [
+        (5, "NodeTimeoutError")]
+    assert [r["y"] for r in res if r.status == "complete"] == [
+        x * 10 for x in range(12) if x != 5]

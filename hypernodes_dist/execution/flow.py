@@ -19,9 +19,10 @@ totals). ``drive`` starts items in order under one window; ``run_flow`` drives o
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,45 +337,127 @@ def _columns_of(flow: Flow, node: HyperNode) -> None:
 async def drive(items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
                 on_done: Callable[[Flow], Any] | None = None) -> None:
     """Start each ``(flow, item)`` in order, at most ``window`` in flight; ``on_done(flow)``
-    after each item. The first error (``on_error="raise"``) cancels the rest and is raised."""
-    tasks: dict[int, asyncio.Task[None]] = {}  # by the order the items started in
-    failure: list[BaseException] = []
-    idle = asyncio.Event()  # set when no item runs any more, or one failed
+    after each item. The first error (``on_error="raise"``) cancels the rest and is raised.
 
-    async def one(flow: Flow, i: int, n: int) -> None:
-        WINDOW.set(window)
+    An item starts without a task of its own: its first step runs in the feeding task, in a
+    copy of the context, as a task's would. Most items of some maps never wait (a
+    ``batch_api`` node's recorded or answered calls) and end there: no task, no loop turn.
+    An item that waits goes on in the task that started it (a task-bound scope it entered,
+    ``asyncio.timeout`` or an ``anyio`` cancel scope, stays with its task), and a new
+    feeding task starts the next items: as many tasks as items that wait."""
+    await _Drive(items, window, on_done).run()
+
+
+class _Drive:
+    """One ``drive``: its items in flight, its feeding tasks, its first failure."""
+
+    def __init__(self, items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
+                 on_done: Callable[[Flow], Any] | None) -> None:
+        self.feeding = enumerate(items)
+        self.window, self.on_done = window, on_done
+        self.tasks: dict[int, asyncio.Task[Any] | None] = {}  # in flight (None: not waiting)
+        self.failure: list[BaseException] = []
+        self.wake = asyncio.Event()  # an item failed, the items ran out, or none runs
+        self.ended = False  # the items ran out
+        self.feeders: list[asyncio.Task[None]] = []
+
+    async def run(self) -> None:
+        self.feeders.append(asyncio.get_running_loop().create_task(self.feed()))
+        try:
+            while not self.failure and not (self.ended and not self.tasks):
+                self.wake.clear()
+                await self.wake.wait()
+        finally:
+            running = [t for t in (*self.feeders, *self.tasks.values())
+                       if t is not None and not t.done()]
+            for task in running:  # an error, or the caller was cancelled: stop what runs
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        if self.failure:
+            raise self.failure[0]
+
+    async def feed(self, inline: bool = True) -> None:
+        """Start items until they run out; inline until one waits: it goes on here, and
+        another feeding task starts the next ones, each as a task (items that wait once
+        likely wait again: a task each, started at once, as many as the window holds)."""
+        window, tasks, started = self.window, self.tasks, 0
+        loop = asyncio.get_running_loop()
+        try:
+            for n, (flow, i) in self.feeding:
+                await window.acquire()
+                if self.failure:
+                    window.release()
+                    break
+                if not inline:
+                    tasks[n] = loop.create_task(self.one(flow, i, n))
+                    continue
+                tasks[n] = None
+                coro = self.one(flow, i, n)
+                ctx = contextvars.copy_context()
+                try:
+                    step = ctx.run(coro.send, None)
+                except (StopIteration, asyncio.CancelledError):  # ended (as its task would)
+                    started += 1
+                    if started % _TURN == 0:
+                        await asyncio.sleep(0)  # the loop's other callbacks get a turn
+                    continue
+                tasks[n] = asyncio.current_task()
+                self.feeders.append(loop.create_task(self.feed(inline=False)))
+                await _Resumed(coro, step, ctx)
+                return
+            self.ended = True
+        except Exception as exc:  # the items' iterator failed
+            self.failure.append(exc)
+        self.wake.set()
+
+    async def one(self, flow: Flow, i: int, n: int) -> None:
+        WINDOW.set(self.window)
         try:
             await run_item(flow, i)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            failure.append(exc)
-            idle.set()
+            self.failure.append(exc)
+            self.wake.set()
             return
         finally:
-            window.release()
-            del tasks[n]  # the item's task is over (here: no done-callback turn)
-            if not tasks:
-                idle.set()
-        if on_done is not None and not failure:
-            on_done(flow)
+            self.window.release()
+            del self.tasks[n]  # the item is over (here: no done-callback turn)
+            if not self.tasks:
+                self.wake.set()
+        if self.on_done is not None and not self.failure:
+            self.on_done(flow)
 
-    loop = asyncio.get_running_loop()
-    try:
-        for n, (flow, i) in enumerate(items):
-            await window.acquire()
-            if failure:
-                window.release()
-                break
-            tasks[n] = loop.create_task(one(flow, i, n))
-        while tasks and not failure:
-            idle.clear()
-            await idle.wait()
-    finally:
-        if tasks:  # an error, or the caller was cancelled: stop the items still running
-            running = list(tasks.values())
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-    if failure:
-        raise failure[0]
+
+_TURN = 64  # items started inline between two turns of the loop for its other callbacks
+
+
+class _Resumed:
+    """The rest of a coroutine whose first step ran (it yielded ``step``), awaited by the
+    caller's task: what it yields goes to the task, what the task sends or throws back
+    goes to it, each step in its own context ``ctx``."""
+
+    __slots__ = ("coro", "step", "ctx")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], step: Any,
+                 ctx: contextvars.Context) -> None:
+        self.coro, self.step, self.ctx = coro, step, ctx
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, step, run = self.coro, self.step, self.ctx.run
+        while True:
+            try:
+                sent = yield step
+            except GeneratorExit:
+                run(coro.close)
+                raise
+            except BaseException as exc:  # noqa: BLE001 - thrown into the coroutine
+                try:
+                    step = run(coro.throw, exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    step = run(coro.send, sent)
+                except StopIteration as stop:
+                    return stop.value
