@@ -149,27 +149,30 @@ def _filled(cell: Any) -> bool:
         return False
 
 
-# what this process's calls metered (a forked child estimates anew, as a spawned one)
-_ESTIMATES: Table[tuple[str, str], Estimate] = Table("policies.usage.estimates")
+# what this process's calls metered, by node and quantity (a forked child estimates anew,
+# as a spawned one)
+_ESTIMATES: Table[str, dict[str, Estimate]] = Table("policies.usage.estimates")
 _QUANTITIES: Table[str, frozenset[str]] = Table("policies.usage.quantities")  # by node
 
 
 def estimate(node: str, quantity: str) -> float:
     """What one call of ``node`` is expected to meter of ``quantity`` (this process)."""
-    found = _ESTIMATES.get((node, quantity))
-    return 0.0 if found is None else found.expected()
+    found = _ESTIMATES.get(node)
+    of = None if found is None else found.get(quantity)
+    return 0.0 if of is None else of.expected()
 
 
 def observed(node: str, usage: Mapping[str, float]) -> None:
     """Learn from what one execution of ``node`` metered."""
-    known = _QUANTITIES.get(node, frozenset())
-    if not known.issuperset(usage):
-        _QUANTITIES[node] = known | frozenset(usage)
+    found = _ESTIMATES.get(node)
+    if found is None:
+        found = _ESTIMATES[node] = {}
     for quantity, amount in usage.items():
-        found = _ESTIMATES.get((node, quantity))
-        if found is None:
-            found = _ESTIMATES[(node, quantity)] = Estimate()
-        found.observe(amount)
+        of = found.get(quantity)
+        if of is None:
+            of = found[quantity] = Estimate()
+            _QUANTITIES[node] = _QUANTITIES.get(node, frozenset()) | {quantity}
+        of.observe(amount)
 
 
 def quantities_of(node: str) -> frozenset[str] | None:
