@@ -359,16 +359,16 @@ class _Drive:
         self.failure: list[BaseException] = []
         self.wake = asyncio.Event()  # an item failed, the items ran out, or none runs
         self.ended = False  # the items ran out
-        self.feeders: list[asyncio.Task[None]] = []
+        self.feeder: asyncio.Task[None] | None = None  # the task starting items now
 
     async def run(self) -> None:
-        self.feeders.append(asyncio.get_running_loop().create_task(self.feed()))
+        self.feeder = asyncio.get_running_loop().create_task(self.feed())
         try:
             while not self.failure and not (self.ended and not self.tasks):
                 self.wake.clear()
                 await self.wake.wait()
         finally:
-            running = [t for t in (*self.feeders, *self.tasks.values())
+            running = [t for t in {self.feeder, *self.tasks.values()}
                        if t is not None and not t.done()]
             for task in running:  # an error, or the caller was cancelled: stop what runs
                 task.cancel()
@@ -401,8 +401,8 @@ class _Drive:
                     if started % _TURN == 0:
                         await asyncio.sleep(0)  # the loop's other callbacks get a turn
                     continue
-                tasks[n] = asyncio.current_task()
-                self.feeders.append(loop.create_task(self.feed(inline=False)))
+                tasks[n] = asyncio.current_task()  # kept while item n runs in it, no longer
+                self.feeder = loop.create_task(self.feed(inline=False))
                 await _Resumed(coro, step, ctx)
                 return
             self.ended = True
