@@ -177,6 +177,51 @@ def test_a_database_from_before_recency_is_upgraded(tmp_path: pathlib.Path) -> N
     assert cache.prune(max_size=1) == Pruned(1, 1, packed.nbytes)
 
 
+def page_size(path: pathlib.Path) -> int:
+    con = sqlite3.connect(path / "hn-cache.db")
+    try:
+        return int(con.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        con.close()
+
+
+def test_a_cache_with_64_kib_pages_keeps_working(tmp_path: pathlib.Path) -> None:
+    """A cache directory made when new databases had 64 KiB pages keeps them, and is read,
+    written (small, medium and file segments), evicted and pruned as before; a new cache
+    gets 4 KiB pages."""
+    path = tmp_path / "c"
+    path.mkdir()
+    con = sqlite3.connect(path / "hn-cache.db")
+    for pragma in ("page_size=65536", "auto_vacuum=INCREMENTAL", "journal_mode=WAL"):
+        con.execute(f"PRAGMA {pragma}")  # what DiskCache did to a new database then
+    con.execute("CREATE TABLE hn_segments(id INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT "
+                "NULL, node TEXT NOT NULL, entries INTEGER NOT NULL, nbytes INTEGER NOT NULL, "
+                "idx BLOB NOT NULL, data BLOB NOT NULL, used REAL NOT NULL DEFAULT 0, file TEXT)")
+    (packed,) = pack({"old": "value"})
+    con.execute("INSERT INTO hn_segments(scope, node, entries, nbytes, idx, data, used) VALUES "
+                "('global', 'n', 1, ?, ?, ?, ?)",
+                (packed.nbytes, packed.index, packed.data, time.time()))
+    con.commit()
+    con.close()
+    values = {"small": "x", "medium": os.urandom(30_000), "large": os.urandom(200_000)}
+    writer = DiskCache(path, size_limit="2MB")
+    for key, value in values.items():
+        writer.set_many({key: value}, node="n")
+    reader = DiskCache(path)
+    assert reader.get_many(["old", *values], node="n") == {"old": "value", **values}
+    for b in range(30):  # past the limit: the least recently used go first
+        writer.set_many({f"more{b}": os.urandom(100_000)}, node="n")
+    assert stored_bytes(DiskCache, path) <= 2_000_000
+    assert writer.get_many(["old"], node="n") == {}
+    assert writer.prune(max_size=1).segments > 0
+    assert writer.stats()["entries"] == 0
+    writer.set_many({"again": "y"}, node="n")
+    assert DiskCache(path).get_many(["again"], node="n") == {"again": "y"}
+    assert page_size(path) == 65536
+    DiskCache(tmp_path / "new").set_many({"k": 1})
+    assert page_size(tmp_path / "new") == 4096
+
+
 def test_object_store_use_logs_stay_few(tmp_path: pathlib.Path) -> None:
     """Every reading process writes a small log of what it used; eviction and pruning merge
     them, so a long run leaves a handful, not thousands."""

@@ -18,8 +18,14 @@ map; one row per batch costs one insert per node and batch, whatever the batch s
   process loads only the indexes with ``id`` above the last one it saw (one indexed query per
   lookup that misses).
 * **Reads.** Blocks are read with SQLite's incremental blob I/O, or ``pread`` on the segment's
-  file (only the block's bytes). Pages are 64 KiB: a segment is a large blob, written ~8x
-  faster than through 4 KiB pages.
+  file (only the block's bytes).
+* **Pages.** A new database has 4 KiB pages (``PAGE_BYTES``; a database keeps the page size
+  it was made with, so an older 64 KiB-page cache goes on working as it is). Every insert
+  dirties a few pages (table leaf, indexes, ``hn_total``), each written whole into the WAL:
+  with 64 KiB pages a one-entry ``set_many`` wrote ~330 KB, with 4 KiB pages ~23 KB, at
+  ~1/4 of the CPU; segments of 1-60 KiB write 3.5-12x less, file segments 2.3x less (their
+  row), and reads cost the same (``benchmarks/bench_cache_pages.py``). Large pages paid off
+  when large segments were blobs in the database; those are files now.
 * **Visibility.** ``prepare()`` writes ``<path>/hn-marker`` once (atomically: a temporary file
   hard-linked into place); a worker whose ``<path>`` holds no such marker -- another machine,
   or a relative path under another working directory -- raises ``CacheNotVisibleError``.
@@ -31,7 +37,8 @@ map; one row per batch costs one insert per node and batch, whatever the batch s
   processes. Freed pages are reused by the next writes; ``prune`` also gives them back to the
   file system (incremental vacuum). The WAL is truncated after each eviction and whenever it
   passes 1/16 of the limit (4 to 64 MiB). The directory exceeds the limit by that WAL and
-  SQLite's page slack (less than one 64 KiB page per segment stored in the database).
+  SQLite's page slack (less than one page, 4 KiB in a new database, per segment stored in
+  the database).
 * **Limits.** One segment is at most ~64 MiB; a single value must stay under SQLite's 1 GB
   blob limit (larger ones are not cached, with a warning).
 """
@@ -77,7 +84,7 @@ _SCHEMA = (  # after the table (and its ``used`` column in a database made befor
     "CREATE TRIGGER IF NOT EXISTS hn_segments_del AFTER DELETE ON hn_segments BEGIN "
     "UPDATE hn_total SET nbytes = nbytes - old.nbytes WHERE id = 0; END",
 )
-_PAGE = 65536
+PAGE_BYTES = 4096  # of a new database (an existing one keeps its own)
 _CHUNK = 500  # ids per ``IN (...)`` query
 
 
@@ -463,8 +470,8 @@ def _evict_lru(con: sqlite3.Connection, total: int, target: int) -> tuple[Pruned
 
 def _set_up(con: sqlite3.Connection, size_limit: int | None) -> None:
     # a new database: pages freed by eviction or pruning can go back to the file system, and
-    # 64 KiB pages (segments are large blobs: ~8x faster to write than 4 KiB overflow chains)
-    con.execute(f"PRAGMA page_size={_PAGE}")  # first: auto_vacuum would fix 4 KiB pages
+    # small pages (every insert writes a few whole pages to the WAL; see the module docstring)
+    con.execute(f"PRAGMA page_size={PAGE_BYTES}")  # first: auto_vacuum fixes the page size
     con.execute("PRAGMA auto_vacuum=INCREMENTAL")
     if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # WAL persists in the file
         # a switch that loses a race returns the old mode without an error, and that
