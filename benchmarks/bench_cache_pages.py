@@ -28,6 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench_cache_store import print_rows  # noqa: E402
+
 from hypernodes_dist.cache import disk  # noqa: E402
 from hypernodes_dist.cache.disk import DiskCache  # noqa: E402
 
@@ -40,10 +42,10 @@ def _io() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("write_bytes"))
 
 
-def _measure(fn: Callable[[], Any]) -> dict[str, float]:
-    """``fn``'s bytes written, CPU seconds and wall seconds in this process."""
+def _measure(fn: Callable[..., Any], *args: Any) -> dict[str, float]:
+    """``fn(*args)``'s bytes written, CPU seconds and wall seconds in this process."""
     b0, t0, c0 = _io(), time.perf_counter(), time.process_time()
-    fn()
+    fn(*args)
     c1, t1, b1 = time.process_time(), time.perf_counter(), _io()
     return {"bytes": b1 - b0, "cpu": c1 - c0, "wall": t1 - t0}
 
@@ -55,20 +57,24 @@ def _row(case: str, page: int, calls: int, m: dict[str, float]) -> dict[str, Any
             "wall_us_per_call": round(m["wall"] / calls * 1e6)}
 
 
+def _set_each(cache: DiskCache, batches: list[dict[str, Any]], node: str) -> None:
+    for batch in batches:
+        cache.set_many(batch, node=node)
+
+
 def _writes(cache: DiskCache, page: int, n_small: int, n_medium: int, n_large: int
             ) -> list[dict[str, Any]]:
     rows = []
     small = [{f"s{i}": {"i": i, "text": f"value {i}"}} for i in range(n_small)]
     rows.append(_row("small: set_many of 1 entry", page, n_small,
-                     _measure(lambda: [cache.set_many(b, node="small") for b in small])))
+                     _measure(_set_each, cache, small, "small")))
     for kib in MEDIUM_KIB:
         batches = [{f"m{kib}-{i}": os.urandom((kib << 10) - 200)} for i in range(n_medium)]
         rows.append(_row(f"medium: {kib} KiB segment (database)", page, n_medium,
-                         _measure(lambda b=batches: [cache.set_many(x, node="medium")
-                                                     for x in b])))
+                         _measure(_set_each, cache, batches, "medium")))
     large = [{f"l{i}": os.urandom(256 << 10)} for i in range(n_large)]
     rows.append(_row("large: 256 KiB segment (file)", page, n_large,
-                     _measure(lambda: [cache.set_many(b, node="large") for b in large])))
+                     _measure(_set_each, cache, large, "large")))
     return rows
 
 
@@ -134,14 +140,6 @@ def run_contention(page: int, procs: int, count: int) -> dict[str, Any]:
     return row
 
 
-def _print(rows: list[dict[str, Any]]) -> None:
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(cols, widths, strict=True)))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", default="4,8,16,64", help="page sizes in KiB")
@@ -160,7 +158,7 @@ def main() -> None:
         if args.writes:
             rows.append(run_contention(page, args.procs, args.writes))
     rows.sort(key=lambda r: (r["case"], r["page_KiB"]))
-    _print(rows)
+    print_rows("DiskCache page size", rows)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),

@@ -168,7 +168,7 @@ def bench_contention(procs: int, count: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _print(title: str, rows: list[dict[str, Any]]) -> None:
+def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
     print(f"\n== {title}")
     cols = list(dict.fromkeys(k for r in rows for k in r))
     widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
@@ -191,9 +191,9 @@ def main() -> None:
         "store": bench_store(args.quick),
         "contention": bench_contention(args.procs, args.writes),
     }
-    _print("hash_value (microseconds per call)", result["hash_value"])
-    _print("DiskCache throughput (one process)", result["store"])
-    _print("concurrent writers, one directory", result["contention"])
+    print_rows("hash_value (microseconds per call)", result["hash_value"])
+    print_rows("DiskCache throughput (one process)", result["store"])
+    print_rows("concurrent writers, one directory", result["contention"])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {RESULTS}")
