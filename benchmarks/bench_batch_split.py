@@ -186,6 +186,7 @@ def run_once(rows: int, timed: bool) -> dict[str, Any]:
         c0, w0 = _cpu(), time.perf_counter()
         got = bench.part_graph(work / "g.parquet", work / "out", server.base_url, online=False)
         total, wall = _cpu() - c0, time.perf_counter() - w0
+    total -= got.get("check_cpu_s", 0.0)  # the bench's own check of the labels written
     return {"cpu_s": total, "wall_s": wall, "map": got, "acc": dict(ACC),
             "inside_us": inside * 1e6, "outside_us": outside * 1e6}
 
