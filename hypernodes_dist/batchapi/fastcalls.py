@@ -313,9 +313,14 @@ class FastCreate:
             return None
         # the body is built as the Canonical it is handed on as (no copy)
         body, absent = dict.__new__(Canonical), self.absent
-        for name in shape.params:
+        for name in shape.params:  # str keys: plain values (``plain``) or absent ones only
             value = kwargs[name]
-            if type(value) not in absent:
+            kind = type(value)
+            if kind in _SCALARS:
+                body[name] = value
+            elif kind not in absent:
+                if not plain(value):
+                    return None
                 body[name] = value
         for name in shape.controls:  # extra_headers / extra_query / timeout given
             value = kwargs[name]
@@ -333,7 +338,9 @@ class FastCreate:
         if extra is not None:
             body = Canonical({k: v for k, v in {**body, **extra}.items()
                               if type(v) not in absent}, b"")
-        if body.get("stream") or not _plain_fields(body) or (  # streamed: the SDK's way
+        # streamed: the SDK's way; the params were checked plain above, the defaults are
+        # plain strings, extra_body's values are checked here
+        if body.get("stream") or (extra is not None and not _plain_fields(body)) or (
                 known.guard is not None and not known.guard(self.resource, kwargs)):
             return None
         try:

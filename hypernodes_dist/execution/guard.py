@@ -182,6 +182,31 @@ class Guard:
         finally:
             self._metered(item, metering.usage, timing)
 
+    async def ungated(self, node: Any, kwargs: dict[str, Any], item: int) -> tuple[Any, float]:
+        """``timed_call``'s ``run`` of a call with no gate to pass now and no timeout (a
+        ``batch_api`` node's recorded or answered call): ``run`` and its first attempt in
+        one frame; a failed call is retried as ``run`` retries it."""
+        self.calls += 1
+        metering = Metering() if self.meters else None
+        if metering is not None:
+            token = CALL.set(metering.usage)
+        timing = None
+        try:
+            start = time.perf_counter()
+            try:
+                return await call_node(node, kwargs, None), start
+            except Exception as exc:  # retried (its Entry takes no gate)
+                entry = Entry(self, item, 1, False)
+                entry.error = exc
+            timing = Attempts()
+            value = await self._retrying(lambda: call_node(node, kwargs, None), item, False,
+                                         entry, timing)
+            return value, timing.start
+        finally:
+            if metering is not None:
+                CALL.reset(token)
+                self._metered(item, metering.usage, timing or Attempts())
+
     def _metered(self, item: int | None, usage: Usage, timing: Attempts) -> None:
         timing.usage = usage
         if usage:
@@ -206,6 +231,12 @@ class Guard:
             except Exception as exc:  # retried below (its Entry takes no gate)
                 entry = Entry(self, item, 1, blocking)
                 entry.error = exc
+        return await self._retrying(call, item, blocking, entry, timing)
+
+    async def _retrying(self, call: Call, item: int | None, blocking: bool,
+                        entry: Entry | None, timing: Attempts) -> Any:
+        """Attempts after ``entry``'s failed one (None: from the first) until one succeeds
+        or the error is final."""
         while True:
             if entry is not None:
                 wait = self._retry(entry, entry.error)  # type: ignore[arg-type]  # an entry made here or kept after a failure has its error
@@ -354,6 +385,8 @@ async def timed_call(node: Any, kwargs: dict[str, Any], guard: Guard | None,
     if guard is None:
         start = time.perf_counter()
         return await call_node(node, kwargs, None), start
+    if guard.policy.timeout is None and not guard.gates_now():
+        return await guard.ungated(node, kwargs, item)
     timing = Attempts()
     value = await guard.run(lambda: call_node(node, kwargs, None), item, timing=timing)
     return value, timing.start
