@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from types import CoroutineType
 from typing import Any
 
 from hypernodes_dist.execution.batchcall import call_single
@@ -67,7 +68,8 @@ async def call_node(node: HyperNode, kwargs: dict[str, Any], on_chunk: ChunkSink
     if node.batch_size is not None:  # one item as one-item lists
         return await call_single(node, kwargs)
     result = node.func(**kwargs)  # type: ignore[misc]  # a called node has a func (only interrupts have none)
-    if inspect.isawaitable(result) and not inspect.isasyncgen(result):
+    if type(result) is CoroutineType or (inspect.isawaitable(result)
+                                         and not inspect.isasyncgen(result)):
         result = await result
     if not node.streaming:
         return result

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hypernodes_dist.batchapi.recording import (
+    ANSWERED,
     BatchWait,
     BudgetRefusal,
     UnbatchableCall,
@@ -210,8 +211,13 @@ def _batch_call(func: Callable[..., Any], node: HyperNode, fetch: _Fetch, pick: 
     name, awaited = node.name, node.is_async
 
     async def call(**kwargs: Any) -> Any:
-        built = await fetch.ataking(kwargs)
-        with answered_scope():
+        built = fetch.reused(kwargs)  # ``fetch.ataking``, its frame inlined
+        if built is None:
+            built = await fetch.aget(kwargs)
+        for p in fetch.hidden:
+            del kwargs[p]
+        token = ANSWERED.set(False)  # ``answered_scope``, its object inlined
+        try:
             try:
                 value = func(**kwargs, **pick(built))
                 if awaited:
@@ -221,6 +227,8 @@ def _batch_call(func: Callable[..., Any], node: HyperNode, fetch: _Fetch, pick: 
             else:
                 _count_answered()
                 return value
+        finally:
+            ANSWERED.reset(token)
         raise err
     return call
 
