@@ -306,9 +306,12 @@ class FastCreate:
 
     def found(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Found | None:
         """The call's endpoint and body, or None: the SDK's way."""
-        if args or self.method in _OFF:
+        if args or (_OFF and self.method in _OFF):
             return None
-        shape = self.shape(tuple(kwargs))
+        names = tuple(kwargs)
+        shape = self.shapes.get(names, _UNSEEN)  # ``shape``, its call inlined
+        if shape is _UNSEEN:
+            shape = self.shape(names)
         if shape is None:
             return None
         # the body is built as the Canonical it is handed on as (no copy)

@@ -46,6 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from hypernodes_dist.errors import WaitingForBatch
 from hypernodes_dist.events import PolicyEvent
 from hypernodes_dist.execution.batchwait import GatesByReach
 from hypernodes_dist.execution.invoke import call_node
@@ -195,6 +196,9 @@ class Guard:
             start = time.perf_counter()
             try:
                 return await call_node(node, kwargs, None), start
+            except WaitingForBatch as exc:  # recorded: final (``_retry`` raises it at once)
+                exc.hn_attempts = 1  # type: ignore[attr-defined]  # as ``_retry`` marks it
+                raise
             except Exception as exc:  # retried (its Entry takes no gate)
                 entry = Entry(self, item, 1, False)
                 entry.error = exc

@@ -24,7 +24,6 @@ from hypernodes_dist.batchapi.recording import (
     BudgetRefusal,
     UnbatchableCall,
     answered_scope,
-    in_batch_api,
 )
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine, hash_value
@@ -294,8 +293,10 @@ def _detached(signal: BaseException, name: str) -> BaseException:
 def _count_answered() -> None:
     """A call answered by a batch counts apart in the node's usage (``batch_calls``), and
     the ``cost`` it metered (at the batch rate: what it saved) as ``batch_cost``."""
-    if in_batch_api() and (CALL.get() is not None or NODE.get() is not None):
-        used = CALL.get()
+    if not ANSWERED.get():  # ``in_batch_api()``
+        return
+    used = CALL.get()
+    if used is not None or NODE.get() is not None:
         cost = used.get("cost") if used is not None else None
         meter(batch_calls=1, **({} if cost is None else {"batch_cost": cost}))
 
