@@ -163,7 +163,10 @@ def _value_of(st: BatchState, node: HyperNode, i: int) -> Any:
     """What item ``i``'s execution of ``node`` produced (``MISSING``: it failed)."""
     if i in st.failed or st.codes[node.name][i] != RAN:
         return MISSING
-    outputs = [st.values[o][i] for o in node.outputs]
+    names = node.outputs
+    if len(names) == 1:
+        return st.values[names[0]][i]
+    outputs = [st.values[o][i] for o in names]
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
