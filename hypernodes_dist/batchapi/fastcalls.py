@@ -34,7 +34,7 @@ import importlib
 import inspect
 import sys
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, NamedTuple
 
 from hypernodes_dist.batchapi import fastreplies
@@ -413,47 +413,83 @@ class _Capture:
         return False
 
 
+def _steps(fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any]
+           ) -> Generator[tuple[tuple[Any, ...], dict[str, Any]], Any, Any]:
+    """A fast ``create``'s steps, the same for sync and async clients: each ``yield`` asks
+    the driver to run the SDK's own ``create`` with the yielded arguments and gets its
+    value back (or its exception thrown in); the return value is the call's. A call
+    answered the fast way or recorded (``BatchWait``) yields nothing."""
+    found = fast.found(args, kwargs)
+    if found is not None and found.key not in _VERDICTS:
+        with _Capture() as capture:
+            yield (), kwargs
+        found = fast.judged(found, capture.found)
+    if found is None:
+        return (yield args, kwargs)
+    answer = fast.answer_of(found)
+    replied = fast.replied(answer, kwargs)
+    if replied is not None and found.key in _REPLIED:
+        return replied[0]
+    token = _PASSED.set(answer)
+    try:
+        made = yield (), kwargs
+    finally:
+        _PASSED.reset(token)
+    return made if replied is None else fast.checked(found, replied[0], made)
+
+
+class _Run:
+    """One call's ``_steps`` driven: ``next`` gives the SDK call the steps ask for, or None
+    once they returned (their value in ``value``)."""
+
+    __slots__ = ("steps", "value")
+
+    def __init__(self, fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.steps, self.value = _steps(fast, args, kwargs), None
+
+    def next(self, made: Any = None, exc: BaseException | None = None
+             ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        try:
+            return self.steps.send(made) if exc is None else self.steps.throw(exc)
+        except StopIteration as done:
+            self.value = done.value
+            return None
+
+    def after(self, sdk: Callable[..., Any], call: tuple[tuple[Any, ...], dict[str, Any]]
+              ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        try:
+            made = sdk(*call[0], **call[1])
+        except BaseException as exc:  # noqa: BLE001 - the steps' to handle or raise
+            return self.next(exc=exc)
+        return self.next(made)
+
+    async def after_async(self, sdk: Callable[..., Any],
+                          call: tuple[tuple[Any, ...], dict[str, Any]]
+                          ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        try:
+            made = await sdk(*call[0], **call[1])
+        except BaseException as exc:  # noqa: BLE001 - the steps' to handle or raise
+            return self.next(exc=exc)
+        return self.next(made)
+
+
 def _sync_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any]:
     def create(*args: Any, **kwargs: Any) -> Any:
-        found = fast.found(args, kwargs)
-        if found is not None and found.key not in _VERDICTS:
-            with _Capture() as capture:
-                sdk(**kwargs)
-            found = fast.judged(found, capture.found)
-        if found is None:
-            return sdk(*args, **kwargs)
-        answer = fast.answer_of(found)
-        replied = fast.replied(answer, kwargs)
-        if replied is not None and found.key in _REPLIED:
-            return replied[0]
-        token = _PASSED.set(answer)
-        try:
-            made = sdk(**kwargs)
-        finally:
-            _PASSED.reset(token)
-        return made if replied is None else fast.checked(found, replied[0], made)
+        run = _Run(fast, args, kwargs)
+        call = run.next()
+        while call is not None:
+            call = run.after(sdk, call)
+        return run.value
     return create
 
 
 def _async_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any]:
-    async def create(*args: Any, **kwargs: Any) -> Any:  # _sync_create's steps, awaited
-        found = fast.found(args, kwargs)
-        if found is not None and found.key not in _VERDICTS:
-            with _Capture() as capture:
-                await sdk(**kwargs)
-            found = fast.judged(found, capture.found)
-        if found is None:
-            return await sdk(*args, **kwargs)
-        answer = fast.answer_of(found)
-        replied = fast.replied(answer, kwargs)
-        if replied is not None and found.key in _REPLIED:
-            return replied[0]
-        token = _PASSED.set(answer)
-        try:
-            made = await sdk(**kwargs)
-        finally:
-            _PASSED.reset(token)
-        return made if replied is None else fast.checked(found, replied[0], made)
+    async def create(*args: Any, **kwargs: Any) -> Any:  # _sync_create, the SDK awaited
+        run = _Run(fast, args, kwargs)
+        call = run.next()
+        while call is not None:
+            call = await run.after_async(sdk, call)
+        return run.value
     return create
 
 
