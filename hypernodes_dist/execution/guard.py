@@ -209,10 +209,11 @@ class Guard:
         finally:
             if metering is not None:
                 CALL.reset(token)
-                self._metered(item, metering.usage, timing or Attempts())
+                self._metered(item, metering.usage, timing)
 
-    def _metered(self, item: int | None, usage: Usage, timing: Attempts) -> None:
-        timing.usage = usage
+    def _metered(self, item: int | None, usage: Usage, timing: Attempts | None) -> None:
+        if timing is not None:
+            timing.usage = usage
         if usage:
             self.usage[item] = usage
             observed(self.policy.node, usage)
