@@ -99,6 +99,31 @@ def test_calls_reuse_the_built_resources_until_a_close_and_a_called_node_still_s
     assert shipped.func(name="f", word="hi") == "hi:f"
 
 
+@resource
+def shouter():
+    return str.upper
+
+
+@node(output_name="loud", batch_api=True)
+async def shout_async(word: str, shouter) -> str:
+    return shouter(word)
+
+
+@node(output_name="loud", batch_api=True)
+def shout_sync(word: str, shouter) -> str:
+    return shouter(word)
+
+
+@pytest.mark.parametrize("shout", [shout_async, shout_sync], ids=["async", "sync"])
+def test_a_bound_batch_api_node_ships_to_worker_processes(shout):
+    """Dask processes/distributed and Daft pickle the bound node (by value: its call is a
+    closure); its call must close over nothing that does not pickle (a ContextVar)."""
+    [bound] = bind_resources([shout], {"shouter": shouter})
+    shipped = cloudpickle.loads(cloudpickle.dumps(bound))
+    value = shipped.func(word="hey")
+    assert (asyncio.run(value) if asyncio.iscoroutine(value) else value) == "HEY"
+
+
 def test_invalid_resource_graphs_are_rejected_at_build():
     @resource
     def a(b):

@@ -47,7 +47,7 @@ from hypernodes_dist.perprocess import Memo
 
 __all__ = ["Answer", "ONLINE", "REFUSED", "BudgetRefusal", "refusal_answer", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
            "recording_client", "batch_endpoint", "in_batch_api",
-           "answered_scope", "ANSWERED"]
+           "answered_scope", "ANSWERED", "unanswered", "restore_answered"]
 
 # the endpoints the providers batch, by the end of the path the client posts to
 _ENDPOINTS = {"/chat/completions": "/v1/chat/completions", "/embeddings": "/v1/embeddings",
@@ -56,6 +56,18 @@ _RAW = "x-stainless-raw-response"
 _ANSWERED: contextvars.ContextVar[bool] = contextvars.ContextVar("hn_batch_answered",
                                                                  default=False)
 ANSWERED = _ANSWERED  # ``in_batch_api()``'s flag (``answered_scope`` without its object)
+
+
+def unanswered() -> contextvars.Token[bool]:
+    """``answered_scope``'s entry without its object (a hot call's); ``restore_answered``
+    with the token is its exit. Module functions: a call closing over them pickles (by
+    reference), one closing over the ContextVar does not."""
+    return _ANSWERED.set(False)
+
+
+def restore_answered(token: contextvars.Token[bool]) -> None:
+    """``answered_scope``'s exit for ``unanswered``'s token."""
+    _ANSWERED.reset(token)
 
 
 class Answer(NamedTuple):

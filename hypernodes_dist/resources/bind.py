@@ -24,6 +24,8 @@ from hypernodes_dist.batchapi.recording import (
     BudgetRefusal,
     UnbatchableCall,
     answered_scope,
+    restore_answered,
+    unanswered,
 )
 from hypernodes_dist.cache.codeid import hash_code
 from hypernodes_dist.cache.hashing import combine, hash_value
@@ -215,7 +217,7 @@ def _batch_call(func: Callable[..., Any], node: HyperNode, fetch: _Fetch, pick: 
             built = await fetch.aget(kwargs)
         for p in fetch.hidden:
             del kwargs[p]
-        token = ANSWERED.set(False)  # ``answered_scope``, its object inlined
+        token = unanswered()  # ``answered_scope``, its object inlined
         try:
             try:
                 value = func(**kwargs, **pick(built))
@@ -227,7 +229,7 @@ def _batch_call(func: Callable[..., Any], node: HyperNode, fetch: _Fetch, pick: 
                 _count_answered()
                 return value
         finally:
-            ANSWERED.reset(token)
+            restore_answered(token)
         raise err
     return call
 
