@@ -76,8 +76,8 @@ def _value(draw) -> Any:
     return draw(st.integers(-5, 5))
 
 
-@st.composite
-def cases(draw) -> Case:
+def _draw_nodes(draw) -> tuple[list[Any], str | None]:
+    """Some nodes of each level of the pool (one level now and then twice: ``dup``)."""
     nodes, dup = [], None
     for level in R.LEVELS:
         pick = draw(st.integers(0, 40))
@@ -90,6 +90,12 @@ def cases(draw) -> Case:
             nodes.append(R.POOL[level][pick % 2])
     if not nodes:
         nodes.append(R.POOL["p"][0])
+    return nodes, dup
+
+
+@st.composite
+def cases(draw) -> Case:
+    nodes, dup = _draw_nodes(draw)
     interrupt = draw(st.integers(0, 30)) == 30
     shape = draw(st.integers(0, 80))
     if shape == 80:
