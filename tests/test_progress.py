@@ -4,6 +4,7 @@ every engine (the bar lives in the driver; engines only hand batches back)."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import pytest
@@ -216,3 +217,24 @@ def test_an_error_stop_names_the_node_and_what_to_do(tmp_path, caplog):
         "map stopped by ValueError in node 'broken' after 2 of 10 items; finished items are "
         "in the cache: rerun the same map to continue (fix the error, or pass "
         "on_error=\"collect\")")
+
+
+def test_a_count_held_back_by_the_throttle_is_told_without_a_further_update():
+    """Two counts within a quarter second, then none (one slow row still runs): the
+    callback hears the second one anyway, before the final event, not only at the end."""
+    heard: list[int] = []
+    second = threading.Event()
+
+    class Listener:
+        def on_progress(self, event):
+            heard.append(event.done)
+            if event.done == 30 and not event.final:
+                second.set()
+
+    tally = Tally([Listener()], False, 100, "map")
+    tally.receive({0: (10, None)})  # told at once
+    tally.receive({0: (30, None)})  # within the quarter second: held back, then told
+    assert second.wait(timeout=30), heard  # a bound, not a timing: it never came before
+    assert heard == [10, 30]
+    tally.close()
+    assert len(heard) == 3  # then the final event (its exact counts: none were added here)

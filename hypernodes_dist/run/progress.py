@@ -90,7 +90,8 @@ class Tally:
     did (``initial``, shown as ``resumed=``), each metered quantity this run so far with
     its projection (``tokens=199.9k (proj. 799.5k)``: so far x rows this run has to do /
     rows it did, shown until every row is done), and what stopped the map, if anything.
-    Callbacks defining ``on_progress`` get a ``ProgressEvent`` at most 4 times a second."""
+    Callbacks defining ``on_progress`` get a ``ProgressEvent`` at most 4 times a second; a
+    count held back by that is told when its quarter second ends."""
 
     def __init__(self, callbacks: Sequence[Any], progress: bool, total: int | None,
                  desc: str, initial: int = 0, unit: str = "item",
@@ -114,6 +115,8 @@ class Tally:
         self._lock = threading.RLock()
         self._started = time.monotonic()
         self._last_event = 0.0
+        self._trailing: threading.Timer | None = None  # the held-back event's, if any
+        self._told_final = False
         self._closed = False
         self.bar = None
         if progress:
@@ -229,16 +232,38 @@ class Tally:
             if position > self.bar.n:
                 self.bar.set_postfix_str(self._postfix(), refresh=False)
                 self.bar.update(position - self.bar.n)
+        if not self.listeners:
+            return
         now = time.monotonic()
-        if self.listeners and (final or now - self._last_event >= EVENT_SECONDS):
-            self._last_event = now
-            event = self._event(now, final)
-            for cb in self.listeners:
-                try:
-                    cb.on_progress(event)
-                except Exception:
-                    log.warning("callback %s.on_progress raised; the run goes on",
-                                type(cb).__name__, exc_info=True)
+        wait = self._last_event + EVENT_SECONDS - now
+        if final or wait <= 0:
+            self._tell(now, final)
+        elif self._trailing is None:  # held back: told when the interval ends (trailing)
+            self._trailing = threading.Timer(wait, self._tell_held)
+            self._trailing.daemon = True
+            self._trailing.start()
+
+    def _tell_held(self) -> None:
+        """The event held back by the throttle (the counts as they are now), unless the
+        final one was told meanwhile: a count never waits for the next update."""
+        with self._lock:
+            self._trailing = None
+            if not self._told_final:
+                self._tell(time.monotonic(), False)
+
+    def _tell(self, now: float, final: bool) -> None:
+        """Under the lock: a ``ProgressEvent`` to every ``on_progress`` callback."""
+        self._last_event, self._told_final = now, self._told_final or final
+        if final and self._trailing is not None:
+            self._trailing.cancel()
+            self._trailing = None
+        event = self._event(now, final)
+        for cb in self.listeners:
+            try:
+                cb.on_progress(event)
+            except Exception:
+                log.warning("callback %s.on_progress raised; the run goes on",
+                            type(cb).__name__, exc_info=True)
 
     def _event(self, now: float, final: bool) -> ProgressEvent:
         done = self.position
