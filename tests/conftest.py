@@ -3,6 +3,7 @@ give each test process (one per pytest-xdist worker) machine-wide limit state of
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import certifi
 import pytest
+from dask import config as dask_config
 
 from hypernodes_bench.batch_server import DEFAULTS as BATCH_DEFAULTS
 from hypernodes_bench.batch_server import BatchServer
@@ -58,8 +60,19 @@ DASK_LEAN = {
 }
 for _name, _value in DASK_LEAN.items():
     os.environ.setdefault(_name, _value)
-if "dask" in sys.modules:  # a plugin imported dask before: it re-reads the environment
-    sys.modules["dask"].config.refresh()
+dask_config.refresh()  # dask was imported before the environment had these
+
+# The Dask process pools and LocalClusters the test processes start themselves (~80 worker
+# processes a run) start from a fork server that has imported the project and Dask once,
+# instead of each spawned process importing them anew (~1 CPU s each). Set for this process
+# only, not in the environment: the jobs and scripts the tests run as programs start their
+# workers with Dask's default, spawn, as a user's program does. A fork-server process is a
+# fresh interpreter as a spawned one is (it shares nothing with the test process, imports
+# the main module by its path, unpickles its tasks), which is what the tests check.
+FORKSERVER_PRELOAD = ["hypernodes_dist", "hypernodes_dask", "distributed", "pyarrow.dataset"]
+multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+dask_config.set({"multiprocessing.context": "forkserver",
+                 "distributed.worker.multiprocessing-method": "forkserver"})
 
 # Concurrency limits are kernel semaphores and rate/hold-off state is in files, both keyed by
 # the limits directory and shared by every process of the machine: two xdist workers (or two
