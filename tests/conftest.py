@@ -3,7 +3,6 @@ give each test process (one per pytest-xdist worker) machine-wide limit state of
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ from hypernodes_bench.batch_server import BatchServer
 from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist.batchapi.recording import answered_scope
 from hypernodes_dist.policies.machine import remove_semaphores
+from tests import fresh
 from tests.reliability import figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,17 +62,11 @@ for _name, _value in DASK_LEAN.items():
     os.environ.setdefault(_name, _value)
 dask_config.refresh()  # dask was imported before the environment had these
 
-# The Dask process pools and LocalClusters the test processes start themselves (~80 worker
-# processes a run) start from a fork server that has imported the project and Dask once,
-# instead of each spawned process importing them anew (~1 CPU s each). Set for this process
-# only, not in the environment: the jobs and scripts the tests run as programs start their
-# workers with Dask's default, spawn, as a user's program does. A fork-server process is a
-# fresh interpreter as a spawned one is (it shares nothing with the test process, imports
-# the main module by its path, unpickles its tasks), which is what the tests check.
-FORKSERVER_PRELOAD = ["hypernodes_dist", "hypernodes_dask", "distributed", "pyarrow.dataset"]
-multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-dask_config.set({"multiprocessing.context": "forkserver",
-                 "distributed.worker.multiprocessing-method": "forkserver"})
+# Processes the test processes start themselves (Dask's process pools and LocalClusters, the
+# tests' other processes) start from a fork server (``tests/fresh.py``); the jobs and scripts
+# the tests run as programs start theirs with Dask's default, spawn, as a user's program does.
+os.environ.update(fresh.S3_ENV)
+dask_config.set(fresh.DASK_CONFIG)
 
 # Concurrency limits are kernel semaphores and rate/hold-off state is in files, both keyed by
 # the limits directory and shared by every process of the machine: two xdist workers (or two
@@ -136,6 +130,12 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_sep("-", "reliability figures")
         for line in found:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server():
+    """The fork server starts before the first test, with the test process's environment."""
+    fresh.start()
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from hypernodes_dist import DiskCache, ObjectStoreCache
 from hypernodes_dist.cache.segments import pack
 from hypernodes_dist.cache.store import Pruned
 from hypernodes_dist.cache.units import parse_age, parse_size
+from tests.fresh import FRESH
 
 from .conformance.test_cache import Sampler, stored_bytes
 
@@ -84,7 +85,7 @@ def test_processes_writing_at_once_stay_under_the_limit(kind: str, tmp_path: pat
     object store, one segment per other writer); every entry still there reads back right."""
     limit = 160_000
     path = tmp_path / "c"
-    ctx = multiprocessing.get_context("spawn")
+    ctx = FRESH
     procs = [ctx.Process(target=_writer, args=(kind, str(path), me, 40, limit))
              for me in range(4)]
     with Sampler(backend(kind), path) as sampler:

@@ -20,6 +20,7 @@ import pytest
 from hypernodes_dist import DiskCache, ObjectStoreCache
 from hypernodes_dist.cache import MISSING, Cache
 from hypernodes_dist.cache.segments import decode_block, decode_index, pack
+from tests.fresh import FRESH
 
 BACKENDS = ["disk", "objects"]
 
@@ -169,7 +170,7 @@ def test_many_processes_opening_a_new_disk_cache_at_once_all_open_it(tmp_path: p
                                                                      ) -> None:
     """Creating the database, its WAL mode and its schema from 12 processes at once: none
     may give up with "database is locked" (SQLite's busy timeout does not cover them all)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = FRESH
     with ctx.Manager() as manager, ctx.Pool(12) as pool:
         for trial in range(3):
             path = str(tmp_path / f"c{trial}")
@@ -181,7 +182,7 @@ def test_many_processes_opening_a_new_disk_cache_at_once_all_open_it(tmp_path: p
 @pytest.mark.slow
 def test_eight_processes_times_1000_writes_lose_nothing(kind: str, tmp_path: pathlib.Path) -> None:
     path = str(tmp_path / "shared")
-    ctx = multiprocessing.get_context("spawn")
+    ctx = FRESH
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a degraded cache would warn
         with ctx.Pool(8) as pool:

@@ -12,9 +12,7 @@ import pytest
 
 from hypernodes_dist import Graph, GraphEngine
 from tests.conformance import dataset_graphs as D
-
-S3_ENV = {"AWS_ACCESS_KEY_ID": "hn-test", "AWS_SECRET_ACCESS_KEY": "hn-test",
-          "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+from tests.fresh import S3_ENV
 
 
 @pytest.fixture

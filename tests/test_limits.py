@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import multiprocessing
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from hypernodes_dist import policies as pol
 from hypernodes_dist.policies.aimd import backoff_for
 from hypernodes_dist.policies.gates.concurrency import ConcurrencyGate
 from hypernodes_dist.policies.limits import Slots, limiter
+from tests.fresh import FRESH
 
 N = 16  # units of the limit under test
 CALLS = 1_000  # waiting calls per process
@@ -59,7 +59,7 @@ def _hammer(directory: str, running, peak, lock, out) -> None:
 
 @pytest.mark.slow
 def test_limit_holds_across_processes_and_waiters_are_woken(limits_dir):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = FRESH
     running, peak, lock, out = ctx.Value("i", 0, lock=False), ctx.Value("i", 0, lock=False), \
         ctx.Lock(), ctx.Queue()
     procs = [ctx.Process(target=_hammer, args=(limits_dir, running, peak, lock, out))
@@ -327,7 +327,7 @@ def test_a_lowered_width_holds_in_total_across_processes(limits_dir):
     """"Concurrency lowered to 4 of 8" means 4 calls at once in all processes together:
     three processes of 12 waiting calls each never run more than 4 (not 4 each)."""
     assert backoff_for("_cut_node", 8).refused()  # a 429 seen here: 8 -> 4
-    ctx = multiprocessing.get_context("spawn")
+    ctx = FRESH
     running, peak = ctx.Value("i", 0, lock=False), ctx.Value("i", 0, lock=False)
     lock, ready, go, out = ctx.Lock(), ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_behind_a_cut,

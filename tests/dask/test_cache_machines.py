@@ -12,7 +12,6 @@ a relative (or home-based) cache path means a different directory there, as on a
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -27,14 +26,13 @@ from hypernodes_dist import DiskCache, Graph, ObjectStoreCache, node
 from hypernodes_dist.cache import CacheNotVisibleError
 from tests.conformance import graphs as G
 from tests.dask.s3_writers import s3_limited_writer, s3_writer
+from tests.fresh import FRESH, S3_ENV
 from tests.procs import spawn, stop, wait_for_address
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
               pytest.mark.skipif(sys.platform == "win32", reason="process groups")]
 
 ROOT = Path(__file__).resolve().parents[2]
-S3_ENV = {"AWS_ACCESS_KEY_ID": "hn-test", "AWS_SECRET_ACCESS_KEY": "hn-test",
-          "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
 
 class Cluster:
@@ -239,7 +237,7 @@ def test_s3_corrupt_objects_are_misses_and_recomputed(s3_url, damage):
 @pytest.mark.slow
 def test_eight_processes_writing_to_s3_lose_nothing(s3_url):
     """8 writer processes x 20 writes on one S3 prefix at once (each write: two new objects)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = FRESH
     with ctx.Pool(8) as pool:
         assert sorted(pool.starmap(s3_writer, [(s3_url, w, 20) for w in range(8)])) == list(
             range(8))
@@ -268,7 +266,7 @@ def test_s3_size_limit_with_processes_and_prune_from_the_cli(s3_url):
     (A batch, written then read, is ~80 requests to moto at ~2.5 ms of its CPU each: 12
     batches cost 13.6 CPU s, 6 cost 5.9.)"""
     limit, batches = 60_000, 6
-    ctx = multiprocessing.get_context("spawn")
+    ctx = FRESH
     with ctx.Pool(4) as pool:
         assert sorted(pool.starmap(s3_limited_writer, [(s3_url, w, batches, limit)
                                                        for w in range(4)])) == [0, 1, 2, 3]
