@@ -413,13 +413,12 @@ class _Capture:
         return False
 
 
-def _steps(fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any]
-           ) -> Generator[tuple[tuple[Any, ...], dict[str, Any]], Any, Any]:
-    """A fast ``create``'s steps, the same for sync and async clients: each ``yield`` asks
-    the driver to run the SDK's own ``create`` with the yielded arguments and gets its
-    value back (or its exception thrown in); the return value is the call's. A call
-    answered the fast way or recorded (``BatchWait``) yields nothing."""
-    found = fast.found(args, kwargs)
+def _steps(fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any],
+           found: _Found | None) -> Generator[tuple[tuple[Any, ...], dict[str, Any]], Any, Any]:
+    """A fast ``create``'s steps (of a call not judged yet, or not on the fast path), the
+    same for sync and async clients: each ``yield`` asks the driver to run the SDK's own
+    ``create`` with the yielded arguments and gets its value back (or its exception thrown
+    in); the return value is the call's. ``found``: the call's ``FastCreate.found``."""
     if found is not None and found.key not in _VERDICTS:
         with _Capture() as capture:
             yield (), kwargs
@@ -430,6 +429,13 @@ def _steps(fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any]
     replied = fast.replied(answer, kwargs)
     if replied is not None and found.key in _REPLIED:
         return replied[0]
+    return (yield from _passing(fast, found, answer, replied, kwargs))
+
+
+def _passing(fast: FastCreate, found: _Found, answer: Any, replied: tuple[Any] | None,
+             kwargs: dict[str, Any]) -> Generator[tuple[tuple[Any, ...], dict[str, Any]], Any, Any]:
+    """The SDK's own ``create`` with the answer looked up passed on (``take_passed``); a
+    fast answer made beside it is checked against its value (``FastCreate.checked``)."""
     token = _PASSED.set(answer)
     try:
         made = yield (), kwargs
@@ -438,14 +444,30 @@ def _steps(fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any]
     return made if replied is None else fast.checked(found, replied[0], made)
 
 
+def _start(fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any]
+           ) -> tuple[Any, _Run | None]:
+    """A fast ``create``'s first steps: ``(value, None)`` for a call answered the fast way
+    (``BatchWait`` raised for one recorded), with no generator, once its method and
+    arguments are judged (most calls); else ``(None, run)``: the steps left to drive."""
+    found = fast.found(args, kwargs)
+    if found is None or found.key not in _VERDICTS:
+        return None, _Run(_steps(fast, args, kwargs, found))
+    answer = fast.answer_of(found)
+    replied = fast.replied(answer, kwargs)
+    if replied is not None and found.key in _REPLIED:
+        return replied[0], None
+    return None, _Run(_passing(fast, found, answer, replied, kwargs))
+
+
 class _Run:
-    """One call's ``_steps`` driven: ``next`` gives the SDK call the steps ask for, or None
-    once they returned (their value in ``value``)."""
+    """One call's steps (``_steps``, ``_passing``) driven: ``next`` gives the SDK call the
+    steps ask for, or None once they returned (their value in ``value``)."""
 
     __slots__ = ("steps", "value")
 
-    def __init__(self, fast: FastCreate, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.steps, self.value = _steps(fast, args, kwargs), None
+    def __init__(self, steps: Generator[tuple[tuple[Any, ...], dict[str, Any]], Any, Any]
+                 ) -> None:
+        self.steps, self.value = steps, None
 
     def next(self, made: Any = None, exc: BaseException | None = None
              ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -475,7 +497,9 @@ class _Run:
 
 def _sync_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any]:
     def create(*args: Any, **kwargs: Any) -> Any:
-        run = _Run(fast, args, kwargs)
+        value, run = _start(fast, args, kwargs)
+        if run is None:
+            return value
         call = run.next()
         while call is not None:
             call = run.after(sdk, call)
@@ -485,7 +509,9 @@ def _sync_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any
 
 def _async_create(fast: FastCreate, sdk: Callable[..., Any]) -> Callable[..., Any]:
     async def create(*args: Any, **kwargs: Any) -> Any:  # _sync_create, the SDK awaited
-        run = _Run(fast, args, kwargs)
+        value, run = _start(fast, args, kwargs)
+        if run is None:
+            return value
         call = run.next()
         while call is not None:
             call = await run.after_async(sdk, call)
