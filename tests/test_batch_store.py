@@ -53,3 +53,21 @@ def test_a_folder_removed_and_made_again_is_read_anew(tmp_path):
     AnswerStore(tmp_path).put("b2", [("b" * 32, Answer(200, {"v": 2}))])
     assert reader.get("b" * 32) == Answer(200, {"v": 2})
     assert reader.get("a" * 32) is None
+
+
+def test_a_round_reads_the_settled_folder_once_and_the_next_round_sees_new_answers(tmp_path):
+    """The driver writes answers between two rounds of the rows: within a round, once a miss
+    found the folder settled, later misses do not read it; the next round reads it anew,
+    and outside rounds every miss reads it (as the driver's own reads do)."""
+    writer, reader = AnswerStore(tmp_path), AnswerStore(tmp_path)
+    writer.make()  # dated a minute back: settled
+    a, b = "a" * 32, "b" * 32
+    with reader.round():
+        assert reader.raw(a) is None  # read: settled, nothing in it
+        writer.put("late", [(a, Answer(200, {"v": 1}))])  # another process, mid-round
+        assert reader.raw(a) is None and reader.get(a) is None  # not read again this round
+    with reader.round():  # the next round reads it at its first miss
+        assert reader.get(a) == Answer(200, {"v": 1})
+    assert reader.get(b) is None  # outside a round: every miss reads the folder
+    writer.put("next", [(b, Answer(200, {"v": 2}))])
+    assert reader.get(b) == Answer(200, {"v": 2})

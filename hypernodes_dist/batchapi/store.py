@@ -17,6 +17,7 @@ what the driver did at the provider, and what the provider answered.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import json.scanner
@@ -332,6 +333,8 @@ class AnswerStore:
         self._checked = -_ONLINE_CHECK  # when sends_online last read the folder (monotonic)
         self._where = _Folder(str(self.folder))
         self._lock = threading.Lock()
+        self._rounds = 0      # rounds of the map's rows running in this process (``round``)
+        self._quiet = False   # in them, the folder was read settled: a miss reads it no more
 
     def __reduce__(self) -> tuple[Any, ...]:  # another process builds its own index
         return (AnswerStore, (self.folder.parent,))
@@ -364,8 +367,27 @@ class AnswerStore:
         for path in self.folder.glob(f"{prefix}*.jsonl"):
             path.unlink(missing_ok=True)
 
+    @contextlib.contextmanager
+    def round(self) -> Iterator[None]:
+        """While a round of the map's rows runs in this process: the driver writes answers
+        only between two rounds (``run/batchloop.py``), so once a miss has found the folder
+        settled (its mtime a second old) the round's later misses do not read it again (an
+        ``fstat`` each); a round starting (another batch of rows) reads it at its first miss.
+        An answer another process writes meanwhile is read by the next round (its request,
+        recorded again, is answered already: the driver does not submit it)."""
+        with self._lock:
+            self._rounds += 1
+            self._quiet = False
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._rounds -= 1
+                self._quiet = self._quiet and self._rounds > 0
+
     def get(self, digest: str) -> Answer | None:
-        """The answer to a request, or None (new answer files are read on a miss)."""
+        """The answer to a request, or None (new answer files are read on a miss, unless
+        ``round`` found them all)."""
         loc = self._index.get(digest)
         # a miss, or a budget refusal (a rerun drops them), reads new answer files first
         if (loc is None or digest in self._refused) and self._refresh():
@@ -383,15 +405,18 @@ class AnswerStore:
         now = time.monotonic()
         if now - self._checked >= _ONLINE_CHECK:
             self._checked = now
-            self._refresh()
+            self._refresh(force=True)
         return self.online
 
     def raw(self, digest: str) -> Answer | None:
         """``get`` with the body left as its JSON bytes (a replayed call hands them to the
         client as the response's content: no parse and encode in between)."""
-        if digest not in self._index or digest in self._refused:
+        loc = self._index.get(digest)
+        if loc is None:  # (a refusal is in the index too)
+            return None if self._quiet else self.get(digest)
+        if digest in self._refused:
             return self.get(digest)
-        raw = self._line(self._index[digest])
+        raw = self._line(loc)
         if raw.startswith(b'{"d":"') and raw[38:44] == b'","s":' and raw.endswith(b"}\n"):
             end = raw.index(b",", 44)
             if raw[end:end + 5] == b',"b":':
@@ -407,16 +432,19 @@ class AnswerStore:
 
     def refresh(self) -> None:
         """Read the answer files written since the last look."""
-        self._refresh()
+        self._refresh(force=True)
 
     def __len__(self) -> int:
-        self._refresh()
+        self._refresh(force=True)
         return len(self._index)
 
-    def _refresh(self) -> bool:
+    def _refresh(self, force: bool = False) -> bool:
+        if self._quiet and not force:  # ``round``: the folder was found settled
+            return False
         with self._lock:  # (also the folder's descriptor: one thread at a time)
             mtime = self._where.mtime()
             if mtime is None or (mtime == self._mtime and self._settled):
+                self._quiet = self._rounds > 0 and mtime is not None
                 return False
             # a folder changed within the clock's grain may change again unseen: read it
             # again until its mtime is a second old
@@ -429,6 +457,7 @@ class AnswerStore:
             for name in names:
                 if name not in self._loaded:
                     self._load(self.folder / name)
+            self._quiet = self._rounds > 0 and self._settled
             return True
 
     def _load(self, path: Path) -> None:

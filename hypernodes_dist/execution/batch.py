@@ -16,13 +16,14 @@ scheme. Three strategies, chosen by the plan:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, batch_writes
 from hypernodes_dist.errors import WaitingForBatch, portable
 from hypernodes_dist.events import RunEndEvent, RunStartEvent
-from hypernodes_dist.execution.batchwait import LINK
+from hypernodes_dist.execution.batchwait import LINK, BatchLink
 from hypernodes_dist.execution.columnar import run_columnar
 from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.flow import run_flow
@@ -56,7 +57,7 @@ async def run_batch(
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     link = LINK.set(settings.batch)  # batch_api nodes record and read answers there
     try:
-        with batch_writes(settings.cache, writes) as buffer:
+        with _answers_round(settings.batch), batch_writes(settings.cache, writes) as buffer:
             if plan.flows:
                 result: BatchResult = await run_flow(plan, chunk, settings, buffer)
             elif plan.columnar:
@@ -70,6 +71,11 @@ async def run_batch(
     if settings.progress is not None:
         ticker(settings.progress).tick(chunk.offset, chunk.n)
     return result
+
+
+def _answers_round(link: BatchLink | None) -> contextlib.AbstractContextManager[None]:
+    """The rows of a map with batches run a round of it (``AnswerStore.round``)."""
+    return contextlib.nullcontext() if link is None else link.stores()[1].round()
 
 
 # ============================================================================ per item
