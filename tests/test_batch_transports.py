@@ -501,3 +501,48 @@ def test_result_lines_keep_their_body_bytes_and_any_other_shape_is_parsed_whole(
     line = json.dumps({"custom_id": "t_4", "result": {"type": "succeeded", "message": message}})
     [got] = read_results(line.encode(), ab._fast_result, ab._line_result)
     assert got.raw is not None and got.body == message and got.status == 200
+
+
+def test_a_results_file_read_at_once_writes_the_answers_line_by_line_writes(tmp_path):
+    """An OpenAI results file whose every line succeeded in the documented shape is read
+    at once (``read_at_once``) into the answer store's layout: the same answer file, byte for
+    byte, as each line read and written alone; a file with any other line (an error, a
+    blank line, ``\\r\\n``) is read line by line."""
+    from hypernodes_dist.batchapi import openai_batches as ob
+    from hypernodes_dist.batchapi.recording import Answer
+    from hypernodes_dist.batchapi.store import AnswerStore
+    from hypernodes_dist.batchapi.transport import read_at_once, read_results
+
+    def line(i: int, status: int = 200, sep: tuple[str, str] = (", ", ": "), **extra: Any) -> bytes:
+        body = {"id": f"c{i}", "choices": [{"message": {"content": f'é "}}, \\"error\\": null}} {i}'}}]}
+        return json.dumps({"id": f"r{i}", "custom_id": f"tag_{i:032x}", "response": {
+            "status_code": status, "request_id": None if i % 2 else f"q{i}", "body": body, **extra},
+            "error": None}, separators=sep).encode()
+
+    def written(data: bytes, name: str) -> bytes:
+        store = AnswerStore(tmp_path)
+        with store.writer(name) as out:
+            block = read_at_once(data, ob._fast_result, ob._line_result, ob._AT_ONCE)
+            if block is not None:
+                out.add_lines(block)
+            else:
+                for r in read_results(data, ob._fast_result, ob._line_result):
+                    out.add(r.custom_id.split("_", 1)[1], Answer(int(r.status or 200),
+                                                                 r.body if r.raw is None else r.raw))
+        return (tmp_path / "answers" / f"{name}.jsonl").read_bytes()
+
+    good = [line(i) for i in range(5)] + [line(5, 201, (",", ":"))]
+    for data in (b"\n".join(good) + b"\n", b"\n".join(good)):
+        block = read_at_once(data, ob._fast_result, ob._line_result, ob._AT_ONCE)
+        assert block is not None and block.digests == [f"{i:032x}" for i in range(6)]
+        assert block.statuses == [200] * 5 + [201]
+        store = AnswerStore(tmp_path)
+        assert written(data, "once") == block.data == b"".join(
+            b'{"d":"%s","s":%d,"b":%s}\n' % (d.encode(), s, r.raw) for d, s, r in zip(
+                block.digests, block.statuses,
+                read_results(data, ob._fast_result, ob._line_result)))
+        assert store.get(f"{5:032x}") == Answer(201, json.loads(good[5])["response"]["body"])
+    for bad in ([line(9, 400)], [b""], [b" "]):
+        data = b"\n".join(good[:2] + bad + good[2:]) + b"\n"
+        assert read_at_once(data, ob._fast_result, ob._line_result, ob._AT_ONCE) is None
+    assert read_at_once(b"\r\n".join(good), ob._fast_result, ob._line_result, ob._AT_ONCE) is None

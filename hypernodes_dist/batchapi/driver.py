@@ -46,6 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from hypernodes_dist.batchapi.clientcalls import http_status
 from hypernodes_dist.batchapi.recording import ONLINE, Answer, refusal_answer
@@ -54,6 +55,7 @@ from hypernodes_dist.batchapi.transport import (
     ENDED,
     FAILED,
     SUCCEEDED,
+    AnsweredLines,
     BatchFile,
     BatchInfo,
     BatchNotFoundError,
@@ -333,8 +335,13 @@ class BatchDriver:
         seen: set[str] = set()
         again: set[str] = set()  # lines of this batch to submit again
         failed = 0  # lines answered with an error (4xx)
+        read = _results_reader(self.transport)
         with _no_gc(), self.answers.writer(str(state.batch_id)) as out:
-            async for r in self.transport.results(info):
+            async for r in read(info):
+                if type(r) is AnsweredLines:  # a file of succeeded lines, written as it is
+                    seen.update(r.digests)
+                    out.add_lines(r)
+                    continue
                 digest = _digest(r.custom_id)
                 seen.add(digest)
                 if r.retry:
@@ -401,6 +408,16 @@ class BatchDriver:
                         return info
                     break
         return None
+
+
+def _results_reader(transport: BatchTransport) -> Callable[[BatchInfo], Any]:
+    """``transport.results_at_once`` (a file of succeeded lines as one ``AnsweredLines``)
+    where the class that defines its ``results`` defines it too (a subclass overriding
+    ``results`` alone is read through it), else ``transport.results``."""
+    owner = next((c for c in type(transport).__mro__ if "results" in vars(c)), None)
+    if owner is not None and "results_at_once" in vars(owner):
+        return transport.results_at_once  # type: ignore[attr-defined]  # checked just above
+    return transport.results
 
 
 @contextlib.contextmanager

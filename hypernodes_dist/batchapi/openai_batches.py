@@ -29,6 +29,7 @@ from hypernodes_dist.batchapi.transport import (
     RUNNING,
     SERVER_ERROR,
     SUCCEEDED,
+    AnsweredLines,
     BatchError,
     BatchFile,
     BatchInfo,
@@ -37,6 +38,7 @@ from hypernodes_dist.batchapi.transport import (
     LineResult,
     QueueLimitError,
     kind_of_status,
+    read_at_once,
     read_results,
     refuse_streaming,
 )
@@ -128,6 +130,21 @@ class OpenAIBatches:
             for r in read_results(content.content, _fast_result, _line_result):
                 yield r
 
+    async def results_at_once(self, info: BatchInfo
+                              ) -> AsyncIterator[LineResult | AnsweredLines]:
+        """``results``, a file whose every line succeeded in the documented shape given as
+        one ``AnsweredLines`` (the driver writes it as it is)."""
+        for file_id in (info.output_file_id, info.error_file_id):
+            if not file_id:
+                continue
+            content = await self.call(self.client.files.content, file_id)
+            block = read_at_once(content.content, _fast_result, _line_result, _AT_ONCE)
+            if block is not None:
+                yield block
+                continue
+            for r in read_results(content.content, _fast_result, _line_result):
+                yield r
+
     async def cancel(self, batch_id: str) -> BatchInfo:
         return await self.call.about(self.client.batches.cancel, batch_id, self.provider, _info,
                                      over=self.status)  # a 400/409: already over
@@ -172,6 +189,12 @@ def _info(batch: Any) -> BatchInfo:
 _SUCCEEDED = re.compile(rb'\{"id": ?"[^"\\]*", ?"custom_id": ?"([^"\\]*)", ?"response": ?\{'
                         rb'"status_code": ?(2\d\d), ?"request_id": ?(?:"[^"\\]*"|null), ?"body": ?')
 _ENDS = (b'}, "error": null}', b'},"error":null}')
+# ``_SUCCEEDED`` to one of ``_ENDS``, a line of a file (``read_at_once``): the custom_id's
+# digest (after its tag), the status, the body (``_fast_result``'s reading of that line)
+_AT_ONCE = re.compile(rb'^\{"id": ?"[^"\\\n]*", ?"custom_id": ?"[^"\\_\n]*_([^"\\\n]*)", ?'
+                      rb'"response": ?\{"status_code": ?(2\d\d), ?"request_id": ?'
+                      rb'(?:"[^"\\\n]*"|null), ?"body": ?(.*)(?:\}, "error": null\}|'
+                      rb'\},"error":null\})$', re.M)
 
 
 def _fast_result(raw: bytes) -> LineResult | None:

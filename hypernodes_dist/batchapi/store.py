@@ -39,6 +39,7 @@ from hypernodes_dist.batchapi.identity import (
     request_digest,
 )
 from hypernodes_dist.batchapi.recording import REFUSED, Answer
+from hypernodes_dist.batchapi.transport import AnsweredLines
 from hypernodes_dist.perprocess import PROCESS
 
 __all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore", "apply_event"]
@@ -526,6 +527,16 @@ class AnswerWriter:
         self.file.write(line)
         self.offset += len(line)
         self.n += 1
+
+    def add_lines(self, lines: AnsweredLines) -> None:
+        """Answers already in this file's layout (``transport.read_at_once``), in order."""
+        offset, out = self.offset, self.lines
+        for digest, status, length in zip(lines.digests, lines.statuses, lines.lengths):
+            out.append((digest, status, offset, length))
+            offset += length
+        self.file.write(lines.data)
+        self.offset = offset
+        self.n += len(lines.digests)
 
     def __enter__(self) -> AnswerWriter:
         return self

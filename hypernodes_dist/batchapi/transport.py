@@ -16,6 +16,11 @@ The driver's cycle, each provider call recorded in the ledger before and after:
     await t.delete_files(info)                         # after download
     await t.list_batches(since)                        # the map's batches, after a crash
 
+Optional: ``results_at_once(info)``, ``results`` with a file whose every line succeeded in
+the documented shape given as one ``AnsweredLines`` (``read_at_once``: the answer file's
+lines made by one regex pass, not line by line); the driver reads through it where the
+class defining ``results`` defines it too.
+
 A ``custom_id`` of the file that ``results`` does not return (a provider leaving out lines
 it did not run) is to be treated as ``cancelled``: submitted again.
 """
@@ -23,6 +28,7 @@ it did not run) is to be treated as ``cancelled``: submitted again.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
@@ -31,7 +37,7 @@ __all__ = ["BatchTransport", "Line", "BatchFile", "FileLimits", "BatchInfo", "Ba
            "LineResult", "SUCCEEDED", "CLIENT_ERROR", "RATE_LIMITED", "SERVER_ERROR",
            "EXPIRED", "CANCELLED", "RETRYABLE", "RUNNING", "ENDED", "FAILED",
            "BatchNotFoundError", "QueueLimitError", "UnsupportedClientError", "kind_of_status",
-           "refuse_streaming", "read_results"]
+           "refuse_streaming", "read_results", "AnsweredLines", "read_at_once"]
 
 # what happened to one line
 SUCCEEDED = "succeeded"        # 2xx: ``body`` is the online response body
@@ -195,6 +201,48 @@ def read_results(data: bytes, fast: Callable[[bytes], LineResult | None],
         if got is not None and trusted is None:
             trusted = _same(got, full(raw))
         yield got if got is not None and trusted else full(raw)
+
+
+class AnsweredLines(NamedTuple):
+    """A results file whose every line is a succeeded one in the provider's documented
+    shape, read at once (``read_at_once``): ``data`` holds its lines in the answer store's
+    layout (``{"d":<digest>,"s":<status>,"b":<body as sent>}``, ``store.AnswerWriter``'s,
+    in file order); ``digests``, ``statuses`` and ``lengths`` (bytes, newline included)
+    are each line's."""
+
+    data: bytes
+    digests: list[str]
+    statuses: list[int]
+    lengths: list[int]
+
+
+# the answer store's line (``store.AnswerWriter.add``) as ``read_at_once`` writes it: the
+# digest (the custom_id after its map tag), the status, the body's bytes as they came
+_ANSWER_LINE = b'{"d":"%s","s":%s,"b":%s}\n'
+
+
+def read_at_once(data: bytes, fast: Callable[[bytes], LineResult | None],
+                 full: Callable[[bytes], LineResult], lines: re.Pattern[bytes]
+                 ) -> AnsweredLines | None:
+    """``data``'s lines in the answer store's layout, read by one ``lines.findall`` (a
+    succeeded line in the documented shape, anchored ``^...$`` with ``re.M``: groups
+    digest, status, body) when every line is one (no blank line, no ``\\r``) and the first
+    reads the same fast and parsed whole (``read_results``' check); else None: read it
+    line by line. Each line is then written as ``read_results`` and ``AnswerWriter.add``
+    write it."""
+    end = data.find(b"\n")
+    if not data or b"\r" in data:
+        return None
+    first = data if end < 0 else data[:end]
+    got = fast(first)
+    if got is None or not _same(got, full(first)):
+        return None
+    found = lines.findall(data)
+    if len(found) != data.count(b"\n") + (not data.endswith(b"\n")):
+        return None
+    out = [_ANSWER_LINE % line for line in found]
+    return AnsweredLines(b"".join(out), [d.decode() for d, _, _ in found],
+                         [int(s) for _, s, _ in found], [len(line) for line in out])
 
 
 def _same(fast: LineResult, full: LineResult) -> bool:
