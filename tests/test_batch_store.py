@@ -71,3 +71,19 @@ def test_a_round_reads_the_settled_folder_once_and_the_next_round_sees_new_answe
     assert reader.get(b) is None  # outside a round: every miss reads the folder
     writer.put("next", [(b, Answer(200, {"v": 2}))])
     assert reader.get(b) == Answer(200, {"v": 2})
+
+
+def test_requests_recorded_in_a_round_are_all_in_the_log_when_it_ends(tmp_path):
+    """In a round the log holds its lines (one write for many) up to ``_HELD_BYTES``; every
+    request recorded in it is in the log once the round ends, before the driver reads it;
+    outside a round a request is in the log at once."""
+    log = RequestLog(tmp_path)
+    digests = [request_digest(ENDPOINT, _body(i)) for i in range(4000)]
+    with log.round():
+        for i in range(4000):
+            log.record(ENDPOINT, _body(i), "llm")
+        seen = [r.digest for r in RequestLog(tmp_path).requests()]
+        assert 0 < len(seen) < 4000 and seen == digests[:len(seen)]  # past _HELD_BYTES
+    assert [r.digest for r in RequestLog(tmp_path).requests()] == digests
+    log.record(ENDPOINT, _body(4000), "llm")
+    assert len(list(RequestLog(tmp_path).requests())) == 4001

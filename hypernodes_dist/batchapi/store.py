@@ -59,7 +59,11 @@ class RequestLog:
     """Requests recorded by the workers of a map (``folder/requests/``).
 
     A line is ``{"d": digest, "e": endpoint, "s": source, "b": canonical body}``; each process
-    appends to its own file through one ``O_APPEND`` descriptor (one write a request)."""
+    appends to its own file through one ``O_APPEND`` descriptor (one write a request, or,
+    while a round of the map's rows runs here (``round``), one write for many: the lines
+    are held and written when they pass ``_HELD_BYTES`` and when the round ends, before its
+    rows are handed back, so the driver, which reads the log between rounds, reads them
+    all)."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.root = Path(folder)
@@ -71,6 +75,10 @@ class RequestLog:
         self._seen: set[str] = set()
         self.sources: set[str] = set()  # the sources ``requests()`` has met
         self._middle: dict[tuple[str, str], bytes] = {}  # a line's bytes between d and b
+        self._rounds = 0  # rounds running in this process (``round``): lines are held
+        self._held: list[bytes] = []  # lines recorded in them, not written yet
+        self._held_bytes = 0
+        self._held_in = 0  # the fork generation those belong to (a child holds none of them)
 
     def __reduce__(self) -> tuple[Any, ...]:  # a worker process opens its own file
         return (RequestLog, (self.root,))
@@ -88,13 +96,50 @@ class RequestLog:
         data = b"".join((b'{"d":"', digest.encode(), middle, canonical,
                          b"}\n"))
         with self._lock:
-            if self._fd is None or self._forks != _FORKS[0]:  # a forked child: its own file
-                self.folder.mkdir(parents=True, exist_ok=True)
-                path = self.folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
-                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                self._pid, self._forks = os.getpid(), _FORKS[0]
-                weakref.finalize(self, _close_fd, self._fd, self._pid)
-            os.write(self._fd, data)
+            if self._rounds and self._held_in == _FORKS[0]:  # in a round: held
+                self._held.append(data)
+                self._held_bytes += len(data)
+                if self._held_bytes < _HELD_BYTES:
+                    return
+                data = self._take_held()
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """``data`` (whole lines) appended to this process's file (under the lock)."""
+        if self._fd is None or self._forks != _FORKS[0]:  # a forked child: its own file
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._pid, self._forks = os.getpid(), _FORKS[0]
+            weakref.finalize(self, _close_fd, self._fd, self._pid)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def _take_held(self) -> bytes:
+        data = b"".join(self._held)
+        self._held.clear()
+        self._held_bytes = 0
+        return data
+
+    @contextlib.contextmanager
+    def round(self) -> Iterator[None]:
+        """While a round of the map's rows runs in this process: ``record`` holds its lines,
+        written at the round's end (and whenever ``_HELD_BYTES`` are held): one write for
+        many requests. A round's rows wait for the driver, which reads the log only once
+        the round has handed them back."""
+        with self._lock:
+            if self._held_in != _FORKS[0]:  # a forked child: not its parent's rounds or lines
+                self._rounds, self._held, self._held_bytes = 0, [], 0
+                self._held_in = _FORKS[0]
+            self._rounds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._rounds -= 1
+                if self._held:
+                    self._write(self._take_held())
 
     def recorder(self, source: str) -> Callable[[str, Mapping[str, Any]], None]:
         """``record`` for one source (a resource's name)."""
@@ -150,6 +195,7 @@ class RequestLog:
 
 
 _FORKS = [1]  # forks this process descends from (no getpid() a record)
+_HELD_BYTES = 1 << 18  # request lines held in a round before they are written
 PROCESS.register("batchapi.store.forks", lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 
 

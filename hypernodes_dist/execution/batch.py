@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from hypernodes_dist.cache.keys import Keys, WriteBuffer, batch_writes
@@ -57,7 +58,7 @@ async def run_batch(
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     link = LINK.set(settings.batch)  # batch_api nodes record and read answers there
     try:
-        with _answers_round(settings.batch), batch_writes(settings.cache, writes) as buffer:
+        with _batch_round(settings.batch), batch_writes(settings.cache, writes) as buffer:
             if plan.flows:
                 result: BatchResult = await run_flow(plan, chunk, settings, buffer)
             elif plan.columnar:
@@ -73,9 +74,17 @@ async def run_batch(
     return result
 
 
-def _answers_round(link: BatchLink | None) -> contextlib.AbstractContextManager[None]:
-    """The rows of a map with batches run a round of it (``AnswerStore.round``)."""
-    return contextlib.nullcontext() if link is None else link.stores()[1].round()
+@contextlib.contextmanager
+def _batch_round(link: BatchLink | None) -> Iterator[None]:
+    """The rows of a map with batches run a round of it: this process's request log holds
+    its lines until the round ends, its answer store reads the settled folder once
+    (``RequestLog.round``, ``AnswerStore.round``)."""
+    if link is None:
+        yield
+        return
+    log, answers = link.stores()
+    with log.round(), answers.round():
+        yield
 
 
 # ============================================================================ per item
