@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from hypernodes_dist.perprocess import Table
 
-__all__ = ["meter", "Usage", "Metering", "NODE", "CALL", "NodeTotal", "may_meter", "add_usage",
+__all__ = ["meter", "count_batch_call", "Usage", "Metering", "NODE", "CALL", "NodeTotal", "may_meter", "add_usage",
            "estimate", "observed", "quantities_of", "node_total", "seen_metering"]
 
 Usage = dict[str, float]
@@ -32,12 +32,8 @@ NODE: ContextVar[NodeTotal | None] = ContextVar("hn_usage_node", default=None)
 _SEEN: Table[str, bool] = Table("policies.usage.seen")  # nodes found metering unguarded
 
 
-def meter(**quantities: float) -> None:
-    """Add ``quantities`` (non-negative numbers) to the usage of the running node call.
-
-    Usage shows on ``NodeEndEvent.usage``, map items' ``history``, ``trace.summary`` and
-    ``MapResult.usage``/``DatasetResult.usage``; ``rate_limit={"tokens": "N/minute"}`` and
-    ``map(budget={"cost": 5.0})`` count it. Raises ``RuntimeError`` outside a node call."""
+def _running_usage() -> Usage:
+    """The usage ``meter`` adds to: the running call's, else its node's unguarded total."""
     usage = CALL.get()
     if usage is None:
         total = NODE.get()
@@ -47,6 +43,26 @@ def meter(**quantities: float) -> None:
                 "node that a run(), map() or iter() is executing")
         _SEEN[total.name] = True
         usage = total.usage
+    return usage
+
+
+def count_batch_call(cost: float | None) -> None:
+    """``meter(batch_calls=1, batch_cost=cost)`` (``cost`` None: none) without ``meter``'s
+    checks: the engine's own count of a call a batch answered (``cost``: what its call
+    metered, checked when it was)."""
+    usage = _running_usage()
+    usage["batch_calls"] = usage.get("batch_calls", 0) + 1
+    if cost is not None:
+        usage["batch_cost"] = usage.get("batch_cost", 0) + cost
+
+
+def meter(**quantities: float) -> None:
+    """Add ``quantities`` (non-negative numbers) to the usage of the running node call.
+
+    Usage shows on ``NodeEndEvent.usage``, map items' ``history``, ``trace.summary`` and
+    ``MapResult.usage``/``DatasetResult.usage``; ``rate_limit={"tokens": "N/minute"}`` and
+    ``map(budget={"cost": 5.0})`` count it. Raises ``RuntimeError`` outside a node call."""
+    usage = _running_usage()
     for name, amount in quantities.items():
         if name == "calls" or name.startswith("_"):
             raise ValueError(f"meter({name}=...): 'calls' is counted by the engine and names "

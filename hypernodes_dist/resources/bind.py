@@ -34,7 +34,7 @@ from hypernodes_dist.execution.batchwait import LINK, outcome, swap_clients
 from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.policies.learned import watch
 from hypernodes_dist.policies.spec import Policy
-from hypernodes_dist.policies.usage import CALL, NODE, meter
+from hypernodes_dist.policies.usage import CALL, NODE, count_batch_call
 from hypernodes_dist.resources import registry
 from hypernodes_dist.resources.declare import Resource
 
@@ -299,8 +299,7 @@ def _count_answered() -> None:
         return
     used = CALL.get()
     if used is not None or NODE.get() is not None:
-        cost = used.get("cost") if used is not None else None
-        meter(batch_calls=1, **({} if cost is None else {"batch_cost": cost}))
+        count_batch_call(used.get("cost") if used is not None else None)
 
 
 class _Fetch:
