@@ -87,3 +87,17 @@ def test_requests_recorded_in_a_round_are_all_in_the_log_when_it_ends(tmp_path):
     assert [r.digest for r in RequestLog(tmp_path).requests()] == digests
     log.record(ENDPOINT, _body(4000), "llm")
     assert len(list(RequestLog(tmp_path).requests())) == 4001
+
+
+def test_a_request_digest_is_blake2b_of_its_endpoint_and_canonical_body():
+    """The digest (the custom_id's second half) is BLAKE2b-128 over the endpoint, a newline
+    and the canonical body, whichever endpoint came first in this process."""
+    import hashlib
+
+    from hypernodes_dist.batchapi.identity import digest_of
+
+    for endpoint in ("/v1/embeddings", ENDPOINT, "/v1/embeddings", "/v1/messages"):
+        for i in range(3):
+            canonical = canonical_body(_body(i))
+            assert digest_of(endpoint, canonical) == hashlib.blake2b(
+                endpoint.encode() + b"\n" + canonical, digest_size=16).hexdigest()
