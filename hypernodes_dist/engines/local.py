@@ -12,7 +12,7 @@ from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.drive import drive_chunks
 from hypernodes_dist.execution.batch import execute_batch, run_batch
 from hypernodes_dist.execution.batching import item_window
-from hypernodes_dist.execution.flow import Flow, drive, finish, start_flow
+from hypernodes_dist.execution.flow import Flow, Window, drive, finish, start_flow
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.syncio import gather_tasks, run_sync
 
@@ -84,7 +84,7 @@ class GraphEngine(Engine):
                     sink(finish(flow))
 
             window = item_window(job.plan, self.batch_size)  # batch nodes: calls, not items
-            await drive(items(), asyncio.Semaphore(window), done)
+            await drive(items(), Window(window), done)
 
     async def _gathered(self, job: MapJob, sink: Sink) -> None:
         """Columnar plans whose async nodes are batch nodes: batches of ``batch_size`` calls

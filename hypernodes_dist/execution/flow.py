@@ -51,7 +51,7 @@ from hypernodes_dist.nodes import HyperNode
 from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import NODE, NodeTotal, node_total
 
-__all__ = ["Flow", "start_flow", "run_flow", "run_item", "finish", "drive"]
+__all__ = ["Flow", "start_flow", "run_flow", "run_item", "finish", "drive", "Window"]
 
 Ran = tuple[list[int], "array[float]", "array[float]"]  # items, starts, ends
 
@@ -103,7 +103,7 @@ async def run_flow(plan: Plan, chunk: Chunk, settings: BatchSettings,
     """Every item of the batch, at most ``settings.concurrency`` (default: all) at once."""
     flow = start_flow(plan, chunk, settings, writes)
     calls = settings.concurrency
-    window = asyncio.Semaphore(item_window(plan, calls) if calls else chunk.n)
+    window = Window(item_window(plan, calls) if calls else chunk.n)
     await drive(((flow, i) for i in range(chunk.n)), window)
     return finish(flow)
 
@@ -351,6 +351,18 @@ async def drive(items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
     await _Drive(items, window, on_done).run()
 
 
+class Window(asyncio.Semaphore):
+    """``drive``'s items in flight: an ``asyncio.Semaphore`` whose ``take`` takes a free
+    place at once (what ``acquire`` does then, without a coroutine an item)."""
+
+    def take(self) -> bool:
+        """A place taken, if one is free and no one waits for one (else False: ``acquire``)."""
+        if self._value > 0 and not self._waiters:
+            self._value -= 1
+            return True
+        return False
+
+
 class _Drive:
     """One ``drive``: its items in flight, its feeding tasks, its first failure."""
 
@@ -384,10 +396,12 @@ class _Drive:
         another feeding task starts the next ones, each as a task (items that wait once
         likely wait again: a task each, started at once, as many as the window holds)."""
         window, tasks, started = self.window, self.tasks, 0
+        take = getattr(window, "take", None)  # a ``Window``: a free place taken, no await
         loop = asyncio.get_running_loop()
         try:
             for n, (flow, i) in self.feeding:
-                await window.acquire()
+                if take is None or not take():
+                    await window.acquire()
                 if self.failure:
                     window.release()
                     break
