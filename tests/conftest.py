@@ -157,10 +157,11 @@ def llm_servers():
         server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def batch_server():
     """The loopback fake Batch API provider (``hypernodes_bench.batch_server``), one per test
-    module (its batches and files stay from test to test)."""
+    process, started by the first test that asks for it (its batches and files stay from test
+    to test: each map finds its own by its metadata)."""
     with BatchServer() as server:
         yield server
 
