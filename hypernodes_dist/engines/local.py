@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 from hypernodes_dist.cache.keys import batch_writes
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.engines.drive import drive_chunks
-from hypernodes_dist.execution.batch import execute_batch, run_batch
+from hypernodes_dist.execution.batch import batch_round, execute_batch, run_batch
 from hypernodes_dist.execution.batching import item_window
 from hypernodes_dist.execution.flow import Flow, Window, drive, finish, start_flow
 from hypernodes_dist.execution.job import MapJob, Sink
@@ -72,7 +72,8 @@ class GraphEngine(Engine):
         of ``batch_size`` items, so the next batch's calls are in flight while a batch
         finishes; each batch goes to ``sink`` when its last item is done."""
         settings = job.settings
-        with batch_writes(settings.cache, None) as writes:  # one buffer for all batches
+        # one buffer for all batches; their rows are one round of a map with batches
+        with batch_round(settings.batch), batch_writes(settings.cache, None) as writes:
             def items() -> Iterator[tuple[Flow, int]]:
                 for start, stop in job.bounds(self.batch_size):
                     flow = start_flow(job.plan, job.chunk(start, stop), settings, writes)

@@ -38,7 +38,7 @@ from hypernodes_dist.plan import Plan
 from hypernodes_dist.policies.usage import add_usage
 from hypernodes_dist.results import NodeExecution
 
-__all__ = ["execute_batch", "run_batch"]
+__all__ = ["execute_batch", "run_batch", "batch_round"]
 
 def execute_batch(
     plan: Plan, chunk: Chunk, settings: BatchSettings, writes: WriteBuffer | None = None
@@ -58,7 +58,7 @@ async def run_batch(
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     link = LINK.set(settings.batch)  # batch_api nodes record and read answers there
     try:
-        with _batch_round(settings.batch), batch_writes(settings.cache, writes) as buffer:
+        with batch_round(settings.batch), batch_writes(settings.cache, writes) as buffer:
             if plan.flows:
                 result: BatchResult = await run_flow(plan, chunk, settings, buffer)
             elif plan.columnar:
@@ -75,7 +75,7 @@ async def run_batch(
 
 
 @contextlib.contextmanager
-def _batch_round(link: BatchLink | None) -> Iterator[None]:
+def batch_round(link: BatchLink | None) -> Iterator[None]:
     """The rows of a map with batches run a round of it: this process's request log holds
     its lines until the round ends, its answer store reads the settled folder once
     (``RequestLog.round``, ``AnswerStore.round``)."""
