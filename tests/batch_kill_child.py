@@ -40,12 +40,20 @@ def killing(base: type, kill_at: str) -> type:
                 _die()
             return got
 
-        async def results(self, info: Any) -> Any:
-            async for r in super().results(info):
-                if kill_at == "download":
-                    _die()
-                yield r
+        def results(self, info: Any) -> Any:
+            return _dying_at_download(super().results(info), kill_at)
+
+        def results_at_once(self, info: Any) -> Any:  # the driver's way where a base has it
+            read = getattr(super(), "results_at_once", super().results)
+            return _dying_at_download(read(info), kill_at)
     return Killing
+
+
+async def _dying_at_download(lines: Any, kill_at: str) -> Any:
+    async for r in lines:
+        if kill_at == "download":
+            _die()
+        yield r
 
 
 async def main(provider: str, base_url: str, folder: str, kill_at: str) -> None:

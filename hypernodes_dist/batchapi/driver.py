@@ -46,7 +46,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from hypernodes_dist.batchapi.clientcalls import http_status
 from hypernodes_dist.batchapi.recording import ONLINE, Answer, refusal_answer
@@ -335,7 +334,9 @@ class BatchDriver:
         seen: set[str] = set()
         again: set[str] = set()  # lines of this batch to submit again
         failed = 0  # lines answered with an error (4xx)
-        read = _results_reader(self.transport)
+        # a file of succeeded lines as one block where the transport can (its optional
+        # results_at_once), else line by line
+        read = getattr(self.transport, "results_at_once", self.transport.results)
         with _no_gc(), self.answers.writer(str(state.batch_id)) as out:
             async for r in read(info):
                 if type(r) is AnsweredLines:  # a file of succeeded lines, written as it is
@@ -408,16 +409,6 @@ class BatchDriver:
                         return info
                     break
         return None
-
-
-def _results_reader(transport: BatchTransport) -> Callable[[BatchInfo], Any]:
-    """``transport.results_at_once`` (a file of succeeded lines as one ``AnsweredLines``)
-    where the class that defines its ``results`` defines it too (a subclass overriding
-    ``results`` alone is read through it), else ``transport.results``."""
-    owner = next((c for c in type(transport).__mro__ if "results" in vars(c)), None)
-    if owner is not None and "results_at_once" in vars(owner):
-        return transport.results_at_once  # type: ignore[attr-defined]  # checked just above
-    return transport.results
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ The driver's cycle, each provider call recorded in the ledger before and after:
 Optional: ``results_at_once(info)``, ``results`` with a file whose every line succeeded in
 the documented shape given as one ``AnsweredLines`` (``read_at_once``: the answer file's
 lines made by one regex pass, not line by line); the driver reads through it where the
-class defining ``results`` defines it too.
+transport has it. A transport wrapping another (one timing or failing its calls) forwards it,
+or leaves it out to be read line by line.
 
 A ``custom_id`` of the file that ``results`` does not return (a provider leaving out lines
 it did not run) is to be treated as ``cancelled``: submitted again.
