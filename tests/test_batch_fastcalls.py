@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -288,3 +290,30 @@ def test_a_batch_api_map_answers_as_online_and_sends_each_request_once(batch_fak
     online = Graph([emb_client, node(output_name="v")(_embed)]).map(
         {"text": texts, "base_url": batch_fake.base_url}, map_over="text")
     assert res.column("v") == online.column("v") and len(res.column("v")[0]) == 8
+
+
+_LATE = """
+import sys
+import openai
+from hypernodes_dist.batchapi.recording import BatchWait, recording_client
+from hypernodes_dist.batchapi.store import AnswerStore
+seen = []
+copy = recording_client(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x"),
+                        AnswerStore(sys.argv[1]), lambda e, b: seen.append(e))
+print("imported", "openai.resources.responses.responses" in sys.modules)
+for _ in range(2):
+    try:
+        copy.responses.create(model="m", input="hi")
+    except BatchWait:
+        print("fast", "create" in vars(copy.responses))
+print(seen)
+"""
+
+
+def test_a_resource_not_imported_yet_gets_its_fast_path_at_its_first_call(tmp_path):
+    """The recording copy does not make ``responses`` (its import is costly): the first
+    call records as the SDK sends it, the fast create is installed then, for the next."""
+    out = subprocess.run([sys.executable, "-c", _LATE, str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    assert out[:4] == ["imported False", "fast True", "fast True",
+                       "['/v1/responses', '/v1/responses']"]

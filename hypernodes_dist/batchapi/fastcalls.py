@@ -30,6 +30,7 @@ top level the check proves it.
 from __future__ import annotations
 
 import contextvars
+import functools
 import importlib
 import inspect
 import sys
@@ -536,19 +537,37 @@ def _fast_create(known: Known, resource: Any, transport: Any) -> FastCreate | No
     return FastCreate(known, resource, transport, absent, signature)
 
 
-def install(client: Any, transport: Any) -> None:
+def install(client: Any, transport: Any, known_ones: tuple[Known, ...] | None = None
+            ) -> tuple[Known, ...]:
     """Give ``client``'s resources of ``KNOWN`` their fast ``create`` (a recording copy
     whose ``_build_request`` raises ``Captured`` while ``capturing()`` and takes the
-    ``take_passed()`` answer)."""
+    ``take_passed()`` answer). A resource the client makes on first use from a module not
+    imported yet (``openai``'s ``responses``: its import is ~0.5 s of CPU and collections)
+    is not made here: returned, to ``install`` once the module is imported (the client's
+    first call of one; ``_BuildLookup``)."""
     package = type(client).__module__.split(".")[0]
     is_async = inspect.iscoroutinefunction(getattr(type(client), "post", None))
-    for known in KNOWN:
+    later = []
+    for known in KNOWN if known_ones is None else known_ones:
         if known.module.split(".")[0] != package:
+            continue
+        if _unmade(client, known):
+            later.append(known)
             continue
         resource: Any = client
         for name in known.path:
             resource = getattr(resource, name, None)
-        fast = None if resource is None else _fast_create(known, resource, transport)
+        fast = None if resource is None or "create" in vars(resource) else _fast_create(
+            known, resource, transport)  # (a create set on it: installed already)
         if fast is not None:  # an async client's create may not be a coroutine function
             wrap = _async_create if is_async else _sync_create
             resource.create = wrap(fast, resource.create)
+    return tuple(later)
+
+
+def _unmade(client: Any, known: Known) -> bool:
+    """Whether ``known``'s resource is made on its first use (a ``cached_property`` of the
+    client) and its module is not imported yet."""
+    first = known.path[0]
+    lazy = isinstance(getattr(type(client), first, None), functools.cached_property)
+    return lazy and first not in vars(client) and known.module not in sys.modules

@@ -286,7 +286,10 @@ def recording_client(client: Any, answers: AnswerLookup, record: Record) -> Any:
                 "self", "request", "stream", "kwargs"]:
             copy._send_request = _answered_send(copy._send_request, transport,
                                                 inspect.iscoroutinefunction(send))
-        fastcalls.install(copy, transport)  # known create methods: no SDK preamble to record
+        # known create methods: no SDK preamble to record (those not made yet: at first use)
+        later = fastcalls.install(copy, transport)
+        if later:
+            copy._build_request.later = (copy, later)
     return copy
 
 
@@ -346,12 +349,18 @@ class _BuildLookup:
         self.build, self.prepare_url = client._build_request, client._prepare_url
         self.transport, self.merge = transport, merge
         self.urls: dict[str, Any] = {}
+        # (the client, its known resources to install once made: ``fastcalls.install``)
+        self.later: tuple[Any, tuple[fastcalls.Known, ...]] | None = None
 
     def __call__(self, options: Any, *, retries_taken: int = 0) -> Any:
         if fastcalls.capturing():  # the fast path's self-check: what this call's body is
             raise fastcalls.Captured(self.batchable(options))
         answer = fastcalls.take_passed()  # looked up already, by the fast path (fastcalls.py)
         if answer is None:
+            if self.later is not None:  # a resource made since: its fast create from now on
+                client, waiting = self.later
+                later = fastcalls.install(client, self.transport, waiting)
+                self.later = (client, later) if later else None
             found = self.batchable(options)
             if found is None:
                 return self.build(options, retries_taken=retries_taken)
