@@ -7,6 +7,7 @@ self-check switches a wrong fast answer off. Real ``openai`` (sync and async) an
 from __future__ import annotations
 
 import asyncio
+import importlib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,8 @@ def test_answered_calls_are_the_sdks_own_values_built_without_a_request(
         batch_fake, tmp_path, kind, fresh_checks):
     fake: BatchServer = batch_fake
     cases = [c for c in ANSWERED if kind in _kinds(c)]
+    for known in fastcalls.KNOWN:  # made at once (a module not imported: at its first call)
+        importlib.import_module(known.module)
     answers = _answered(fake, kind, tmp_path / "b", cases)
     copy = recording_client(_client(kind, fake.base_url), answers, print)
     online = _client("anthropic" if kind.startswith("anthropic") else "openai-sync",
