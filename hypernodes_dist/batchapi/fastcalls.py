@@ -542,9 +542,9 @@ def install(client: Any, transport: Any, known_ones: tuple[Known, ...] | None = 
     """Give ``client``'s resources of ``KNOWN`` their fast ``create`` (a recording copy
     whose ``_build_request`` raises ``Captured`` while ``capturing()`` and takes the
     ``take_passed()`` answer). A resource the client makes on first use from a module not
-    imported yet (``openai``'s ``responses``: its import is ~0.5 s of CPU and collections)
-    is not made here: returned, to ``install`` once the module is imported (the client's
-    first call of one; ``_BuildLookup``)."""
+    imported yet (``openai``'s ``responses``: its import costs ~0.07 CPU s a process and
+    the collections it sets off) is not made here: returned, to ``install`` once the module
+    is imported (the client's first call of one; ``_BuildLookup``)."""
     package = type(client).__module__.split(".")[0]
     is_async = inspect.iscoroutinefunction(getattr(type(client), "post", None))
     later = []
