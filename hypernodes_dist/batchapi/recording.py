@@ -47,7 +47,7 @@ from hypernodes_dist.perprocess import Memo
 
 __all__ = ["Answer", "ONLINE", "REFUSED", "BudgetRefusal", "refusal_answer", "AnswerLookup", "BatchWait", "UnbatchableCall", "RecordingTransport",
            "recording_client", "batch_endpoint", "in_batch_api",
-           "answered_scope", "ANSWERED", "unanswered", "restore_answered"]
+           "answered_scope", "unanswered", "restore_answered"]
 
 # the endpoints the providers batch, by the end of the path the client posts to
 _ENDPOINTS = {"/chat/completions": "/v1/chat/completions", "/embeddings": "/v1/embeddings",
@@ -55,7 +55,6 @@ _ENDPOINTS = {"/chat/completions": "/v1/chat/completions", "/embeddings": "/v1/e
 _RAW = "x-stainless-raw-response"
 _ANSWERED: contextvars.ContextVar[bool] = contextvars.ContextVar("hn_batch_answered",
                                                                  default=False)
-ANSWERED = _ANSWERED  # ``in_batch_api()``'s flag (``answered_scope`` without its object)
 
 
 def unanswered() -> contextvars.Token[bool]:

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hypernodes_dist.batchapi.recording import (
-    ANSWERED,
     BatchWait,
     BudgetRefusal,
     UnbatchableCall,
     answered_scope,
+    in_batch_api,
     restore_answered,
     unanswered,
 )
@@ -212,11 +212,7 @@ def _batch_call(func: Callable[..., Any], node: HyperNode, fetch: _Fetch, pick: 
     name, awaited = node.name, node.is_async
 
     async def call(**kwargs: Any) -> Any:
-        built = fetch.reused(kwargs)  # ``fetch.ataking``, its frame inlined
-        if built is None:
-            built = await fetch.aget(kwargs)
-        for p in fetch.hidden:
-            del kwargs[p]
+        built = await fetch.ataking(kwargs)
         token = unanswered()  # ``answered_scope``, its object inlined
         try:
             try:
@@ -295,7 +291,7 @@ def _detached(signal: BaseException, name: str) -> BaseException:
 def _count_answered() -> None:
     """A call answered by a batch counts apart in the node's usage (``batch_calls``), and
     the ``cost`` it metered (at the batch rate: what it saved) as ``batch_cost``."""
-    if not ANSWERED.get():  # ``in_batch_api()``
+    if not in_batch_api():
         return
     used = CALL.get()
     if used is not None or NODE.get() is not None:
