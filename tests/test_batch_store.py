@@ -30,6 +30,28 @@ def test_a_logged_request_reads_back_as_the_canonical_body_it_was(tmp_path):
         (ENDPOINT, request_digest(ENDPOINT, _body(1)), "llm")
 
 
+def test_a_log_of_older_and_escaped_lines_reads_back_alike(tmp_path):
+    """A log line in the layout before the model and inputs were written beside the body
+    (a rerun of a map an older version began), or whose header JSON escapes a character,
+    reads back as the same request, parsed; the lines in the layout around it as well."""
+    body = _body(2)
+    canonical = canonical_body(body)
+    digest = request_digest(ENDPOINT, body)
+    log = RequestLog(tmp_path)
+    log.record(ENDPOINT, _body(1), "llm")
+    with open(next((tmp_path / "requests").glob("*.jsonl")), "ab") as f:
+        f.write(b'{"d":"' + digest.encode() + b'","e":"' + ENDPOINT.encode()
+                + b'","s":"llm","b":' + canonical + b"}\n")
+    log.record(ENDPOINT, {**_body(3), "model": "m\u00e9"}, "ll\"m")
+    reqs = list(RequestLog(tmp_path).requests())
+    assert [(r.endpoint, r.digest, r.source, r.model, r.inputs) for r in reqs] == [
+        (ENDPOINT, request_digest(ENDPOINT, _body(1)), "llm", "m", 1),
+        (ENDPOINT, digest, "llm", "m", 1),
+        (ENDPOINT, request_digest(ENDPOINT, {**_body(3), "model": "m\u00e9"}), 'll"m',
+         "m\u00e9", 1)]
+    assert reqs[1].body == body and reqs[1].canonical == canonical
+
+
 def test_an_answer_written_after_a_miss_is_found_at_once_in_any_order(tmp_path):
     writer, reader = AnswerStore(tmp_path), AnswerStore(tmp_path)
     writer.make()

@@ -26,6 +26,8 @@ from hypernodes_dist.batchapi import (
     UnsupportedClientError,
     transport_for,
 )
+from hypernodes_dist.batchapi.packing import Packer
+from hypernodes_dist.batchapi.store import RequestLog
 from hypernodes_dist.batchapi.transport import (
     CANCELLED,
     CLIENT_ERROR,
@@ -546,3 +548,40 @@ def test_a_results_file_read_at_once_writes_the_answers_line_by_line_writes(tmp_
         data = b"\n".join(good[:2] + bad + good[2:]) + b"\n"
         assert read_at_once(data, ob._fast_result, ob._line_result, ob._AT_ONCE) is None
     assert read_at_once(b"\r\n".join(good), ob._fast_result, ob._line_result, ob._AT_ONCE) is None
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_files_packed_from_the_logs_bytes_equal_those_packed_line_by_line(tmp_path, provider):
+    """The driver submits from the request log a block at a time: each block's lines made
+    from the logged bytes (``raw_lines``) and packed whole are, file for file, the lines a
+    body at a time (``line``) packed one by one: same bytes, custom_ids and file tags, cut
+    alike where a file fills (lines, bytes, embedding inputs, one model a file)."""
+    log = RequestLog(tmp_path)
+    if provider == "openai":
+        t: Any = OpenAIBatches(object(), "map-raw", limits=FileLimits(4, 2_000, True, 5))
+        requests = [(CHAT, chat(f"r{i} \u00e9 " + "w " * (i % 7), model=f"m{i // 5 % 2}"))
+                    for i in range(23)]
+        requests += [("/v1/embeddings", {"model": "e", "input": ["a"] * (1 + i % 3)})
+                     for i in range(6)]
+    else:
+        t = AnthropicBatches(object(), "map-raw", limits=FileLimits(4, 1_500, False))
+        requests = [("/v1/messages", message(f"r{i} " + "w " * (i % 9), model=f"c{i % 2}"))
+                    for i in range(23)]
+    with log.round():
+        for endpoint, body in requests:
+            log.record(endpoint, body, "llm")
+    blocks = list(log.blocks("llm"))
+    packer, raw = Packer(t.limits), []
+    for block in blocks:
+        made = t.raw_lines(block.endpoint, block.model, block.digests, block.bodies,
+                           block.inputs)
+        assert made is not None
+        raw += packer.add_block(made)
+    raw += packer.close()
+    by_line = list(t.pack(t.line(e, b) for e, b in requests))
+    assert len(by_line) > 3
+    assert [(f.tag, f.custom_ids, f.data(), f.count, f.size, f.endpoint, f.model)
+            for f in raw] == [(f.tag, f.custom_ids, f.data(), f.count, f.size, f.endpoint,
+                               f.model) for f in by_line]
+    # a body with a "stream" key anywhere is read and lined one by one (``line`` refuses it)
+    assert t.raw_lines(blocks[0].endpoint, "m", ["0" * 32], [b'{"stream":false}'], [1]) is None

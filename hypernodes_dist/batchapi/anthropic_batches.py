@@ -40,6 +40,7 @@ from hypernodes_dist.batchapi.transport import (
     BatchInfo,
     FileLimits,
     Line,
+    LineBlock,
     LineResult,
     QueueLimitError,
     kind_of_status,
@@ -98,6 +99,19 @@ class AnthropicBatches:
         data = b"".join((b'{"custom_id":"', cid.encode(), b'","params":', canonical, b"}\n"))
         return Line(cid, ENDPOINT, body.get("model"), data)
 
+    def raw_lines(self, endpoint: str, model: str, digests: list[str], bodies: list[bytes],
+                  inputs: list[int]) -> LineBlock | None:
+        """``line`` of each request of one endpoint and model, given as its body's canonical
+        bytes (the request log's), nothing parsed; None where the bodies must be read
+        (another endpoint, a "stream" key anywhere in one)."""
+        if endpoint != ENDPOINT or any(b'"stream":' in b for b in bodies):
+            return None
+        head = f"{self.tag}_"
+        form = b"".join((b'{"custom_id":"', head.encode(), b'%s","params":%s}\n'))
+        return LineBlock([head + d for d in digests], ENDPOINT, model,
+                         [form % line for line in zip(map(str.encode, digests), bodies)],
+                         [1] * len(digests))
+
     def pack(self, lines: Iterable[Line]) -> Iterator[BatchFile]:
         return pack(lines, self.limits)
 
@@ -106,7 +120,7 @@ class AnthropicBatches:
 
     async def create(self, file: BatchFile, file_id: str,
                      metadata: Mapping[str, str] | None = None) -> BatchInfo:
-        requests = [json.loads(line.data) for line in file.lines]
+        requests = [json.loads(line) for line in file.data().splitlines()]
         try:
             batch = await self.call(self.client.messages.batches.create, requests=requests)
         except Exception as exc:

@@ -48,8 +48,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from hypernodes_dist.batchapi.clientcalls import http_status
+from hypernodes_dist.batchapi.packing import Packer
 from hypernodes_dist.batchapi.recording import ONLINE, Answer, refusal_answer
-from hypernodes_dist.batchapi.store import AnswerStore, FileState, Ledger, Request
+from hypernodes_dist.batchapi.store import (
+    AnswerStore,
+    FileState,
+    Ledger,
+    LogBlock,
+    Request,
+    RequestLog,
+)
 from hypernodes_dist.batchapi.transport import (
     ENDED,
     FAILED,
@@ -59,6 +67,7 @@ from hypernodes_dist.batchapi.transport import (
     BatchInfo,
     BatchNotFoundError,
     BatchTransport,
+    LineBlock,
     LineResult,
     QueueLimitError,
 )
@@ -156,22 +165,10 @@ class BatchDriver:
 
     def to_submit(self, requests: Iterable[Request]) -> Iterator[Request]:
         """The requests that go into the next batches (a generator)."""
-        live = self._taken = self._live()
-        history: tuple[Counter[str], dict[str, str]] | None = None
-        self.answers.refresh()
-        answers, attempts = self.answers, self.attempts
+        taking = _Taking(self)
         for req in requests:
-            digest = req.digest
-            if digest in live or digest in answers:
-                continue
-            history = history or self._history()
-            if history[0].get(digest, 0) >= attempts:
-                self._give_up(digest, history[1].get(digest, ""))
-                continue
-            if self.reserve is not None and not self._reserve(req):
-                continue
-            live.add(digest)
-            yield req
+            if taking.takes(req):
+                yield req
 
     def _reserve(self, req: Request) -> bool:
         """The budget takes the request once per driver (a file refused for the queue limit
@@ -203,19 +200,47 @@ class BatchDriver:
         """Pack, upload and create batches for the requests that need one; lines sent.
         Nothing while ``held`` with a batch running, nor once ``stopped``; a queue-limit
         refusal ends the pass (its lines and the rest wait for a later one)."""
+        line = self.transport.line  # the log's digest: not computed again
+        return await self._submit_files(self.transport.pack(
+            line(r.endpoint, r.body, r.digest) for r in self.to_submit(requests)))
+
+    async def submit_log(self, log: RequestLog, source: str) -> int:
+        """``submit`` of the requests ``source`` recorded in ``log``, read a block of lines
+        at a time (``log.blocks``): a block whose every request goes is made into lines at
+        once where the transport can (``raw_lines``: no line parsed, no object a line) and
+        packed whole (``Packer``); the requests of any other block go one by one."""
+        raw_lines = getattr(self.transport, "raw_lines", None)
+        if raw_lines is None:
+            return await self.submit(log.requests(source, self.has_line))
+        return await self._submit_files(self._log_files(log.blocks(source), raw_lines))
+
+    def _log_files(self, blocks: Iterable[LogBlock],
+                   raw_lines: Callable[..., LineBlock | None]) -> Iterator[BatchFile]:
+        taking, packer, line = _Taking(self), Packer(self.transport.limits), self.transport.line
+        for block in blocks:
+            made = raw_lines(block.endpoint, block.model, block.digests, block.bodies,
+                             block.inputs) if taking.whole(block) else None
+            if made is not None:
+                taking.live.update(block.digests)
+                yield from packer.add_block(made)
+                continue
+            for req in block.requests():
+                if taking.takes(req):
+                    yield from packer.add(line(req.endpoint, req.body, req.digest))
+        yield from packer.close()
+
+    async def _submit_files(self, files: Iterable[BatchFile]) -> int:
         if self.stopped or (self.held and self.running):
             return 0
         self.held = self.again = False
-        line = self.transport.line  # the log's digest: not computed again
-        lines = (line(r.endpoint, r.body, r.digest) for r in self.to_submit(requests))
         sent = 0
         try:
             with _no_gc():
-                for file in self.transport.pack(lines):
+                for file in files:
                     outcome = await self._submit_file(file)
                     if outcome == "held":
                         break
-                    sent += len(file.lines) if outcome == "created" else 0
+                    sent += file.count if outcome == "created" else 0
         finally:
             self._taken = set()  # (the files' digests hold them: not kept twice)
         return sent
@@ -409,6 +434,48 @@ class BatchDriver:
                         return info
                     break
         return None
+
+
+class _Taking:
+    """One submit's choice of the requests that go: a request at a time (``takes``), or a
+    block of the log whose every request goes (``whole``)."""
+
+    def __init__(self, driver: BatchDriver) -> None:
+        self.driver = driver
+        self.live = driver._taken = driver._live()  # taken: live, or in this submit's files
+        driver.answers.refresh()
+        self.history: tuple[Counter[str], dict[str, str]] | None = None
+
+    def _tries(self) -> Counter[str]:
+        if self.history is None:
+            self.history = self.driver._history()
+        return self.history[0]
+
+    def takes(self, req: Request) -> bool:
+        """Whether ``req`` goes (taken then): not taken or answered, attempts left (else
+        its last outcome becomes its answer), the budget's yes."""
+        d, digest = self.driver, req.digest
+        if digest in self.live or digest in d.answers:
+            return False
+        if self._tries().get(digest, 0) >= d.attempts:
+            assert self.history is not None
+            d._give_up(digest, self.history[1].get(digest, ""))
+            return False
+        if d.reserve is not None and not d._reserve(req):
+            return False
+        self.live.add(digest)
+        return True
+
+    def whole(self, block: LogBlock) -> bool:
+        """Whether every request of ``block`` goes as ``takes`` would say, without asking
+        each: none taken, answered, tried before or repeated, no budget to ask, its model
+        known (not taken here: ``live`` is updated once its lines are made)."""
+        digests, tries = block.digests, self._tries()
+        return (block.model is not None and self.driver.reserve is None
+                and self.live.isdisjoint(digests)
+                and self.driver.answers.known().isdisjoint(digests)
+                and len(set(digests)) == len(digests)
+                and (not tries or tries.keys().isdisjoint(digests)))
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ from hypernodes_dist.batchapi.transport import (
     BatchInfo,
     FileLimits,
     Line,
+    LineBlock,
     LineResult,
     QueueLimitError,
     kind_of_status,
@@ -95,6 +96,20 @@ class OpenAIBatches:
         got = body.get("input") if url == "/v1/embeddings" else None
         inputs = len(got) if isinstance(got, list) else 1
         return Line(cid, url, body.get("model"), data, inputs)
+
+    def raw_lines(self, endpoint: str, model: str, digests: list[str], bodies: list[bytes],
+                  inputs: list[int]) -> LineBlock | None:
+        """``line`` of each request of one endpoint and model, given as its body's canonical
+        bytes (the request log's), nothing parsed; None where the bodies must be read (an
+        endpoint to normalize, a "stream" key anywhere in one)."""
+        if endpoint not in OPENAI_ENDPOINTS or any(b'"stream":' in b for b in bodies):
+            return None
+        head = f"{self.tag}_"
+        form = b"".join((b'{"custom_id":"', head.encode(), b'%s","method":"POST","url":"',
+                         endpoint.encode(), b'","body":%s}\n'))
+        return LineBlock([head + d for d in digests], endpoint, model,
+                         [form % line for line in zip(map(str.encode, digests), bodies)],
+                         inputs if endpoint == "/v1/embeddings" else [1] * len(digests))
 
     def pack(self, lines: Iterable[Line]) -> Iterator[BatchFile]:
         return pack(lines, self.limits)

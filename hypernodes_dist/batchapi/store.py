@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import json.scanner
+import operator
 import os
+import re
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -42,23 +45,40 @@ from hypernodes_dist.batchapi.recording import REFUSED, Answer
 from hypernodes_dist.batchapi.transport import AnsweredLines
 from hypernodes_dist.perprocess import PROCESS
 
-__all__ = ["RequestLog", "Request", "Ledger", "FileState", "AnswerStore", "apply_event"]
+__all__ = ["RequestLog", "Request", "LogBlock", "Ledger", "FileState", "AnswerStore", "apply_event"]
 
 
 class Request(NamedTuple):
     """One distinct request a worker recorded (a tuple: the driver reads a million of them,
-    and a frozen dataclass costs twice as much to build)."""
+    and a frozen dataclass costs twice as much to build). Its body stays the canonical JSON
+    bytes the log holds (``canonical``), parsed only when ``body`` is read; ``model`` (a
+    string; None: read the body) and ``inputs`` (embedding inputs, 1 for others) are what
+    the worker wrote beside it: the driver reads the log a block at a time (``LogBlock``)
+    and the transport makes the lines from the bytes (``raw_lines``), none parsed."""
 
     endpoint: str
-    body: Mapping[str, Any]
+    canonical: bytes
     digest: str
     source: str = ""   # who recorded it (the resource), so the driver picks its transport
+    model: str | None = None
+    inputs: int = 1
+
+    @property
+    def body(self) -> Canonical:
+        """The body, parsed from its canonical bytes (which it keeps)."""
+        text = self.canonical.decode()
+        body, end = _SCAN(text, 0)
+        if end != len(text) or type(body) is not dict:
+            raise ValueError(f"request {self.digest}: its logged body is not one JSON object")
+        return _canonical(body, self.canonical)
 
 
 class RequestLog:
     """Requests recorded by the workers of a map (``folder/requests/``).
 
-    A line is ``{"d": digest, "e": endpoint, "s": source, "b": canonical body}``; each process
+    A line is ``{"d": digest, "e": endpoint, "s": source, "m": model, "n": inputs, "b":
+    canonical body}`` (``m``: the body's model, null when not a string; ``n``: its embedding
+    inputs, 1 for others: the driver packs lines without parsing a body); each process
     appends to its own file through one ``O_APPEND`` descriptor (one write a request, or,
     while a round of the map's rows runs here (``round``), one write for many: the lines
     are held and written when they pass ``_HELD_BYTES`` and when the round ends, before its
@@ -74,7 +94,7 @@ class RequestLog:
         self._offsets: dict[str, int] = {}
         self._seen: set[str] = set()
         self.sources: set[str] = set()  # the sources ``requests()`` has met
-        self._middle: dict[tuple[str, str], bytes] = {}  # a line's bytes between d and b
+        self._middle: dict[tuple[str, str, str | None], bytes] = {}  # bytes between d and n
         self._rounds = 0  # rounds running in this process (``round``): lines are held
         self._held: list[bytes] = []  # lines recorded in them, not written yet
         self._held_bytes = 0
@@ -88,13 +108,15 @@ class RequestLog:
         canonical = canonical_body(body)  # a Canonical's digest was computed by its lookup
         digest = digest_for(endpoint, body) if type(body) is Canonical else digest_of(
             endpoint, canonical)
-        middle = self._middle.get((endpoint, source))
+        model, given = body.get("model"), body.get("input")
+        if type(model) is not str:  # (written as null: the driver reads the body)
+            model = None
+        middle = self._middle.get((endpoint, source, model))
         if middle is None:
-            middle = self._middle[(endpoint, source)] = b"".join((
-                b'","e":', json.dumps(endpoint).encode(), b',"s":', json.dumps(source).encode(),
-                b',"b":'))
-        data = b"".join((b'{"d":"', digest.encode(), middle, canonical,
-                         b"}\n"))
+            middle = self._middle_of(endpoint, source, model)
+        data = b"".join((b'{"d":"', digest.encode(), middle,
+                         b"1" if type(given) is not list else str(len(given)).encode(),
+                         b',"b":', canonical, b"}\n"))
         with self._lock:
             if self._rounds and self._held_in == _FORKS[0]:  # in a round: held
                 self._held.append(data)
@@ -103,6 +125,16 @@ class RequestLog:
                     return
                 data = self._take_held()
             self._write(data)
+
+    def _middle_of(self, endpoint: str, source: str, model: str | None) -> bytes:
+        """A line's bytes between its digest and its inputs, kept per endpoint, source and
+        model (a map's few)."""
+        middle = b"".join((b'","e":', json.dumps(endpoint).encode(), b',"s":',
+                           json.dumps(source).encode(), b',"m":', json.dumps(model).encode(),
+                           b',"n":'))
+        if len(self._middle) < 256:
+            self._middle[(endpoint, source, model)] = middle
+        return middle
 
     def _write(self, data: bytes) -> None:
         """``data`` (whole lines) appended to this process's file (under the lock)."""
@@ -151,47 +183,50 @@ class RequestLog:
         if not self.folder.is_dir():
             return out
         for path in sorted(self.folder.glob("*.jsonl")):
-            for raw in self._read_new(path):
-                req = _request(raw)
-                if req.digest not in self._seen:
-                    self._seen.add(req.digest)
-                    out.append(req)
+            for block in _blocks_of(self._read_new(path)):
+                for req in block.requests():
+                    if req.digest not in self._seen:
+                        self._seen.add(req.digest)
+                        out.append(req)
         return out
+
+    def blocks(self, source: str | None = None) -> Iterator[LogBlock]:
+        """Every request recorded so far (of ``source``), repeats kept, as ``LogBlock``s of
+        lines of one endpoint, source and model in log order, read ``_LOG_BLOCK`` bytes at
+        a time (a generator: the driver keeps no request in memory between two submits).
+        Lines in ``record``'s layout are read by one regex pass a block (``_LOG_LINE``):
+        no line's JSON is parsed."""
+        if not self.folder.is_dir():
+            return
+        sources = self.sources
+        for path in sorted(self.folder.glob("*.jsonl")):
+            for block in _blocks(path):
+                sources.add(block.source)
+                if source is None or block.source == source:
+                    yield block
 
     def requests(self, source: str | None = None,
                  skip: Callable[[str], bool] | None = None) -> Iterator[Request]:
-        """Every distinct request recorded so far (of ``source``), read from the files as a
-        generator: the driver keeps no request in memory between two submits. ``skip``
-        (a digest): the line of a request it names is passed over unparsed (the driver's
-        requests already in a batch or answered: a log read again costs a lookup a line)."""
-        if not self.folder.is_dir():
-            return
+        """Every distinct request recorded so far (of ``source``), read as ``blocks``.
+        ``skip`` (a digest): a request it names is passed over (the driver's requests
+        already in a batch or answered)."""
         seen: set[str] = set()
-        for path in sorted(self.folder.glob("*.jsonl")):
-            with open(path, "rb") as f:
-                for raw in f:
-                    if not raw.endswith(b"\n"):
-                        break  # a line being written is read next time
-                    digest = _digest_of_line(raw)
-                    if digest is not None and (digest in seen
-                                               or (skip is not None and skip(digest))):
-                        continue
-                    req = _request(raw)
-                    if req.digest in seen:
-                        continue
-                    seen.add(req.digest)
-                    self.sources.add(req.source)
-                    if source is None or req.source == source:
-                        yield req
+        for block in self.blocks(source):
+            for req in block.requests():
+                digest = req.digest
+                if digest in seen or (skip is not None and skip(digest)):
+                    continue
+                seen.add(digest)
+                yield req
 
-    def _read_new(self, path: Path) -> Iterator[bytes]:
+    def _read_new(self, path: Path) -> bytes:
         start = self._offsets.get(path.name, 0)
         with open(path, "rb") as f:
             f.seek(start)
             data = f.read()
         end = data.rfind(b"\n") + 1  # a line being written is read next time
         self._offsets[path.name] = start + end
-        return iter(data[:end].splitlines())
+        return data[:end]
 
 
 _FORKS = [1]  # forks this process descends from (no getpid() a record)
@@ -204,39 +239,93 @@ def _close_fd(fd: int, pid: int) -> None:
         os.close(fd)
 
 
-def _digest_of_line(raw: bytes) -> str | None:
-    """The digest a request line starts with (None: a line without one, parsed instead)."""
-    if raw.startswith(b'{"d":"') and raw[38:40] == b'",':
-        return raw[6:38].decode()
-    return None
+class LogBlock(NamedTuple):
+    """Requests of one endpoint, source and model as the log holds them, in order (repeats
+    kept): their digests, bodies' canonical bytes and embedding inputs. ``model`` None: the
+    body's is not a string (read the body)."""
+
+    endpoint: str
+    source: str
+    model: str | None
+    digests: list[str]
+    bodies: list[bytes]
+    inputs: list[int]
+
+    def requests(self) -> Iterator[Request]:
+        """Its requests one by one."""
+        endpoint, source, model = self.endpoint, self.source, self.model
+        for digest, body, inputs in zip(self.digests, self.bodies, self.inputs):
+            yield Request(endpoint, body, digest, source, model, inputs)
+
+
+def _blocks(path: Path) -> Iterator[LogBlock]:
+    """A log file's ``LogBlock``s, read ``_LOG_BLOCK`` bytes at a time; a line being
+    written (no newline yet) is read next time."""
+    with open(path, "rb") as f:
+        rest = b""
+        while chunk := f.read(_LOG_BLOCK):
+            data = rest + chunk
+            end = data.rfind(b"\n") + 1
+            data, rest = data[:end], data[end:]
+            yield from _blocks_of(data)
+
+
+def _blocks_of(data: bytes) -> list[LogBlock]:
+    """Whole request lines as ``LogBlock``s: one regex pass when every line is in
+    ``record``'s layout (each run of one header a block), else line by line."""
+    found = _LOG_LINE.findall(data)
+    if len(found) != data.count(b"\n"):  # a line in another layout: one by one
+        return [b for raw in data.splitlines() for b in _line_blocks(raw)]
+    out = []
+    for middle, group in itertools.groupby(found, key=_MIDDLE_OF):
+        rows = list(group)
+        endpoint, source, model = _header(middle)
+        out.append(LogBlock(endpoint, source, model, list(map(bytes.decode, map(_DIGEST_OF, rows))),
+                            list(map(_BODY_OF, rows)), list(map(int, map(_INPUTS_OF, rows)))))
+    return out
+
+
+def _line_blocks(raw: bytes) -> list[LogBlock]:
+    """One request line in another layout (older, or escaped), parsed when not in ours."""
+    if _LOG_LINE.fullmatch(raw):
+        return _blocks_of(raw + b"\n")
+    obj = json.loads(raw)
+    endpoint, body, source = obj["e"], obj["b"], obj.get("s", "")
+    digest = obj["d"] if "d" in obj else request_digest(endpoint, body)
+    model, given = body.get("model"), body.get("input")
+    return [LogBlock(endpoint, source, model if type(model) is str else None, [digest],
+                     [canonical_body(body)], [len(given) if type(given) is list else 1])]
+
+
+def _header(middle: bytes) -> tuple[str, str, str | None]:
+    """A request line's endpoint, source and model from its bytes between digest and
+    inputs (read once per distinct header)."""
+    found = _HEADERS.get(middle)
+    if found is None:
+        got = _MIDDLE.fullmatch(middle)
+        assert got is not None  # (``_LOG_LINE`` matched it)
+        e, s, m = got.groups()
+        found = (e.decode(), s.decode(), None if m is None else m.decode())
+        if len(_HEADERS) < 256:
+            _HEADERS[middle] = found
+    return found
+
+
+_HEADERS: dict[bytes, tuple[str, str, str | None]] = {}
+_LOG_BLOCK = 1 << 22  # bytes of a request log read at once
+# a request line as ``record`` writes it: digest, the header (endpoint, source, model or
+# null), inputs, the canonical body (no newline in it: JSON escapes them; no quote or
+# backslash in the header's strings, else the line is parsed)
+_LOG_LINE = re.compile(rb'^\{"d":"([0-9a-f]{32})(","e":"[^"\\\n]*","s":"[^"\\\n]*",'
+                       rb'"m":(?:"[^"\\\n]*"|null),"n":)([0-9]+),"b":(\{[^\n]*\})\}$', re.M)
+_MIDDLE = re.compile(rb'","e":"([^"]*)","s":"([^"]*)","m":(?:"([^"]*)"|null),"n":')
+_DIGEST_OF, _MIDDLE_OF, _INPUTS_OF, _BODY_OF = (operator.itemgetter(i) for i in range(4))
 
 
 # one JSON value from a str at an index (the C scanner json.loads ends in, called directly;
 # typeshed types its argument as the scanner class itself, not the decoder it reads)
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(
     cast(Any, json.JSONDecoder()))
-
-
-def _request(raw: bytes) -> Request:
-    """A request line; its body keeps the canonical bytes the line holds (``Canonical``).
-    A line as ``record`` writes it is read by its layout (only the body parsed)."""
-    e = raw.find(b'","e":"', 37, 45)
-    s = raw.find(b'","s":"', e + 7)
-    b = raw.find(b'","b":{', s + 7)
-    if e == 38 and s > 0 and b > 0 and raw.endswith(b"}\n") and b"\\" not in raw[e:b]:
-        canonical = raw[b + 6:-2]
-        text = canonical.decode()
-        body, end = _SCAN(text, 0)
-        if end == len(text):
-            return Request(raw[e + 7:s].decode(), _canonical(body, canonical),
-                           raw[6:38].decode(), raw[s + 7:b].decode())
-    obj = json.loads(raw)
-    endpoint, body, source = obj["e"], obj["b"], obj.get("s", "")
-    if "d" not in obj:  # a line without its digest
-        return Request(endpoint, body, request_digest(endpoint, body), source)
-    start = 38 + len(b'","e":,"s":,"b":') + len(json.dumps(endpoint)) + len(json.dumps(source))
-    canonical = raw[start:-2] if raw.endswith(b"}\n") else canonical_body(body)
-    return Request(endpoint, Canonical(body, canonical), obj["d"], source)
 
 
 def _canonical(body: dict[str, Any], canonical: bytes,
@@ -472,6 +561,11 @@ class AnswerStore:
 
     def _line(self, loc: int) -> bytes:
         return self._fds.read(self._paths[loc & _FILE_MASK], loc >> 64, (loc >> 24) & _LEN_MASK)
+
+    def known(self) -> KeysView[str]:
+        """The digests answered (as of the last ``refresh``), as a live view not to be
+        changed: a block of requests is checked against it at once."""
+        return self._index.keys()
 
     def __contains__(self, digest: object) -> bool:
         """Whether a request has an answer (as of the last ``refresh``; no body read)."""

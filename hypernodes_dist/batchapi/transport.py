@@ -22,6 +22,12 @@ lines made by one regex pass, not line by line); the driver reads through it whe
 transport has it. A transport wrapping another (one timing or failing its calls) forwards it,
 or leaves it out to be read line by line.
 
+Optional: ``raw_lines(endpoint, model, digests, bodies, inputs)``, the ``line`` of each of
+requests of one endpoint and model given as their bodies' canonical JSON bytes (what the
+request log holds of them), nothing parsed, as one ``LineBlock``; or None where a body must
+be read (``line`` then). The driver submits from the request log a block of lines at a time
+through it where the transport has it, packed by ``packing.Packer`` within ``limits``.
+
 A ``custom_id`` of the file that ``results`` does not return (a provider leaving out lines
 it did not run) is to be treated as ``cancelled``: submitted again.
 """
@@ -34,8 +40,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["BatchTransport", "Line", "BatchFile", "FileLimits", "BatchInfo", "BatchError",
-           "LineResult", "SUCCEEDED", "CLIENT_ERROR", "RATE_LIMITED", "SERVER_ERROR",
+__all__ = ["BatchTransport", "Line", "LineBlock", "BatchFile", "FileLimits", "BatchInfo",
+           "BatchError", "LineResult", "SUCCEEDED", "CLIENT_ERROR", "RATE_LIMITED", "SERVER_ERROR",
            "EXPIRED", "CANCELLED", "RETRYABLE", "RUNNING", "ENDED", "FAILED",
            "BatchNotFoundError", "QueueLimitError", "UnsupportedClientError", "kind_of_status",
            "refuse_streaming", "read_results", "AnsweredLines", "read_at_once"]
@@ -93,22 +99,51 @@ class Line(NamedTuple):
     inputs: int = 1  # embedding inputs it carries (1 for others)
 
 
+class LineBlock(NamedTuple):
+    """Lines of one endpoint and model made at once from the request log's bytes
+    (``raw_lines``): each line's custom_id, bytes (newline included) and embedding inputs,
+    in order; ``packing.Packer`` cuts a block where a file fills."""
+
+    custom_ids: list[str]
+    endpoint: str
+    model: str | None
+    lines: list[bytes]
+    inputs: list[int]
+
+    def cut(self, start: int, stop: int) -> LineBlock:
+        """Lines ``start:stop`` of the block."""
+        return LineBlock(self.custom_ids[start:stop], self.endpoint, self.model,
+                         self.lines[start:stop], self.inputs[start:stop])
+
+
 @dataclass(frozen=True)
 class BatchFile:
-    """Lines packed within a provider's limits: one batch."""
+    """Lines packed within a provider's limits: one batch. Its lines are ``lines`` (one by
+    one) then ``blocks`` (a block at a time, from the request log's bytes): a transport
+    reads them through ``custom_ids``, ``data()`` and ``count``."""
 
     lines: tuple[Line, ...]
     endpoint: str
     model: str | None
     size: int
     tag: str   # names the file (a hash of its custom_ids, in order)
+    blocks: tuple[LineBlock, ...] = ()
 
     @property
     def custom_ids(self) -> list[str]:
-        return [line.custom_id for line in self.lines]
+        ids = [line.custom_id for line in self.lines]
+        for block in self.blocks:
+            ids += block.custom_ids
+        return ids
+
+    @property
+    def count(self) -> int:
+        """How many lines it holds."""
+        return len(self.lines) + sum(len(b.custom_ids) for b in self.blocks)
 
     def data(self) -> bytes:
-        return b"".join(line.data for line in self.lines)
+        return b"".join([*(line.data for line in self.lines),
+                         *(data for block in self.blocks for data in block.lines)])
 
 
 @dataclass(frozen=True)

@@ -177,8 +177,7 @@ class BatchLoop:
         starting = getattr(self._reserve, "round", None)
         if starting is not None:
             starting(sum(d.counts.lines_answered for d in self.drivers.values()), self._live())
-        sent = sum([await d.submit(self.log.requests(name, d.has_line))
-                    for name, d in self.drivers.items()])
+        sent = sum([await d.submit_log(self.log, name) for name, d in self.drivers.items()])
         unknown = sorted(self.log.sources - set(self.drivers))
         if unknown:
             raise ValueError(f"a request was recorded by resource {unknown[0]!r}, which this "
