@@ -123,12 +123,27 @@ def pytest_testnodedown(node, error) -> None:
     WORKER_FIGURES.append(getattr(node, "workeroutput", {}).get("reliability", {}))
 
 
+RERUN_FAILURES: list[tuple[str, str]] = []  # (test id, its first attempt's failure)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A test that failed and was run again (``--reruns``): its first failure is kept, to be
+    shown at the end (a rerun that passes would hide the cause of a flaky test)."""
+    if report.outcome == "rerun":
+        RERUN_FAILURES.append((report.nodeid, report.longreprtext))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The reliability suite's figures, summed over the workers (or of this process)."""
+    """The reliability suite's figures, summed over the workers (or of this process), and
+    the first failure of every test that needed its rerun."""
     found = figures.lines(figures.merge(WORKER_FIGURES or [figures.collect()]))
     if found:
         terminalreporter.write_sep("-", "reliability figures")
         for line in found:
+            terminalreporter.write_line(line)
+    for nodeid, failure in RERUN_FAILURES:
+        terminalreporter.write_sep("-", f"first attempt of {nodeid} (rerun)")
+        for line in failure.splitlines()[-25:]:
             terminalreporter.write_line(line)
 
 
