@@ -45,17 +45,20 @@ class Heard:
 
     def check(self) -> None:
         """Half the rows were heard done while the held row had not finished (before the
-        final event); the counts moved by rows (not only by batch or file), up to all."""
+        final event); the counts moved by rows (not only by batch or file), up to all: a
+        count under half (the first row's, told at once), one of half or more while the
+        held row waits, then all. (How many counts in between depends on how fast the rows
+        run: events come at most 4 times a second.)"""
         done = [e.done for e in self.events]
         assert done == sorted(done) and self.events[-1].final and done[-1] == self.n
         assert self.released_at is not None and not self.events[self.released_at - 1].final
         assert self.n // 2 <= done[self.released_at - 1] < self.n, done
-        assert len(set(done)) >= 5, done
+        assert 0 < done[0] < self.n // 2, done
 
 
 def test_progress_events_arrive_while_rows_run(engine, slow_server, tmp_path):
     heard = Heard(len(TEXTS), tmp_path / "heard")
-    g = Graph([U.llm, P.ask], engine=engine, callbacks=[heard])
+    g = Graph([P.llm, P.ask], engine=engine, callbacks=[heard])
     res = g.map({"text": TEXTS, "base_url": slow_server.base_url, "held": TEXTS[-1],
                  "until": str(heard.until)}, map_over="text")
     assert [r["label"] for r in res] == [label_of(t) for t in TEXTS]
