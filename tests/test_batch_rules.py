@@ -185,18 +185,19 @@ def test_a_batch_failed_for_the_queue_limit_goes_again_when_one_ends(fake, tmp_p
     driver = BatchDriver(transport, str(folder), attempts=1)
     requests = RequestLog(folder).new()
 
-    async def until_running() -> None:
-        [batch] = [str(f.batch_id) for f in driver.files.values() if f.batch_id]
+    def batches() -> list[str]:
+        return [str(f.batch_id) for f in driver.files.values() if f.batch_id]
+
+    async def until_running(batch: str) -> None:
         while (await transport.status(batch)).provider_status != "in_progress":
             await asyncio.sleep(0.02)
     asyncio.run(driver.submit(requests[:2]))
-    asyncio.run(until_running())
+    [first] = batches()
+    asyncio.run(until_running(first))
     asyncio.run(driver.submit(requests))            # the second file, over the limit
-    for _ in range(200):
-        asyncio.run(driver.poll())
-        if driver.held:
-            break
-        asyncio.run(asyncio.sleep(0.02))
+    [second] = [b for b in batches() if b != first]
+    assert fake.complete([second]) == []  # returns once validated: failed, over the limit
+    asyncio.run(driver.poll())
     assert driver.held and driver.counts.queue_refusals == 1
     assert asyncio.run(driver.submit(requests)) == 0   # held while the first one runs
     assert fake.stats()["files"] == 2
