@@ -102,15 +102,21 @@ def advance(st: BatchState, calls: int) -> None:
 
 
 # -- storing what ran ------------------------------------------------------------------
+# what a waiting item keeps in ``failed``: one shared marker, not its own exception (a
+# million rows' exceptions made the collector's full passes run through the record pass)
+WAITING = WaitingForBatch()
+
+
 def record_failure(st: BatchState, node: HyperNode, i: int, exc: BaseException) -> None:
     """Item ``i`` failed in ``node``: annotated, raised (``on_error="raise"``) or kept. An
     item waiting for a provider batch (``WaitingForBatch``) is kept apart: not an error, no
     event; it runs no further node (``failed`` holds it too, until ``build_result``)."""
     settings = st.settings
     if isinstance(exc, WaitingForBatch):
-        # no traceback: it would keep the call's frames (and their locals) alive while the
-        # item waits, and its frames' cycles for the collector's full passes
-        st.failed[i] = exc.with_traceback(None)
+        # its traceback dropped (the call's frames, and a cycle through the frame that
+        # raised it); the item keeps the shared marker, not an object a row
+        exc.with_traceback(None)
+        st.failed[i] = WAITING
         st.waiting.add(i)
         return
     index = settings.item(st.chunk.offset + i)
