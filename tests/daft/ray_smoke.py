@@ -6,7 +6,10 @@ of the conformance suite's ``daft-ray`` variant, over that process's one local R
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import signal
 import time
 
 import pyarrow as pa
@@ -71,3 +74,24 @@ def test_dataset_parts_run_as_ray_tasks_and_progress_comes_from_the_workers(tmp_
         source=pa.table({"x": list(range(60))}), into=tmp_path / "slow")
     for done in (heard.done, heard_into.done):  # counts from the Ray workers
         assert done[-1] == 60 and done == sorted(done) and len(set(done)) >= 4, done
+
+
+def test_close_does_not_wait_for_worker_processes_that_ended(caplog):
+    """Ray worker processes that ran batches and have since ended (Ray stops idle workers
+    beyond the node's CPUs after a second, and kills workers for memory) never answer the
+    close: the close says they had ended and waits only for the others; the job's close
+    signal (an actor the driver owns) did not end with them. The last test of the module:
+    it kills the Ray workers that ran its map."""
+    ray_engine()
+    engine = DaftEngine(runner="ray", batch_size=2)
+    res = Graph([pid_of], engine=engine).map({"x": list(range(8))}, map_over="x")
+    ran = sorted({r["pid"] for r in res})
+    assert os.getpid() not in ran
+    for pid in ran:
+        os.kill(pid, signal.SIGKILL)
+    with caplog.at_level(logging.INFO, logger="hypernodes_daft"):
+        engine.close()
+    ended = re.search(r"DaftEngine\.close: (\d+) of the (\d+) Ray worker processes that ran "
+                      r"this job's batches had ended", caplog.text)
+    assert ended and int(ended.group(1)) >= len(ran), caplog.text
+    assert "teardown actor had ended" not in caplog.text

@@ -43,4 +43,4 @@ def test_conformance_limits_usage_budgets_and_signals_on_daft_ray():
     assert passed and int(passed.group(1)) >= 27, tail  # every module ran on Daft on Ray
     assert "failed" not in tail.splitlines()[-1], tail
     ran = re.findall(rf"PASSED tests/daft/{SMOKE}\.py::(\w+)", proc.stdout)
-    assert len(ran) == 2, tail  # the Ray runner's own maps
+    assert len(ran) == 3, tail  # the Ray runner's own maps

@@ -62,11 +62,10 @@ from hypernodes_dist.execution.batching import fit_size
 from hypernodes_dist.execution.job import MapJob, Sink
 from hypernodes_dist.execution.progress import ProgressChannel, Receive
 
-from . import limits
+from . import limits, teardown
 from .ctrlc import keep_ctrl_c_in_python
 from .datasets import run_dataset_native
 from .frame import ROW, column_name, item_frame
-from .teardown import close_workers
 from .udf import Failure, apply_udf, close, make_udf, receive
 
 __all__ = ["DaftEngine"]
@@ -192,7 +191,7 @@ class DaftEngine(Engine):
         """On Ray, every Ray worker that ran a batch of this job tears its resources down
         (``teardown.py``); then the driver's own."""
         if self.runner == "ray" and _runner_is_set() and _ray_up():
-            close_workers()
+            teardown.close_workers()
         super().close()
 
     def dataset_part_rows(self, n: int | None) -> int:
@@ -216,6 +215,7 @@ class DaftEngine(Engine):
         current = get_or_infer_runner_type()
         if current == "ray" == self.runner:
             limits.start()  # the job's limits actor: every Ray worker's limits
+            teardown.start()  # the job's close signal (teardown.py), owned by the driver
         if current != self.runner:
             raise RuntimeError(
                 f"DaftEngine(runner={self.runner!r}): this process already runs Daft on the "
