@@ -276,7 +276,7 @@ def guard_for(st: BatchState, node: HyperNode) -> Guard:
             event.step_index = st.plan.position[node.name]
             events.append(event)
 
-    guard = st.guards[node.name] = Guard(node, report, st.settings.budget)
+    guard = st.guards[node.name] = Guard(node, report, st.settings.budget, st.consts)
     if st.ticks is not None:  # the progress channel carries what calls meter
         metered = st.metered
         guard.on_usage = lambda usage: add_usage(metered, usage)

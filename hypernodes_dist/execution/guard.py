@@ -43,7 +43,7 @@ import asyncio
 import contextvars
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from hypernodes_dist.errors import WaitingForBatch
@@ -113,9 +113,11 @@ class Guard:
     ``PolicyEvent`` (the caller fills in the run ids)."""
 
     def __init__(self, node: Any, report: Report | None = None,
-                 budget: Budget | None = None) -> None:
+                 budget: Budget | None = None, values: Mapping[str, Any] | None = None) -> None:
         self.node = node
-        self.policy: Policy = node.policy or Policy(node.name)
+        limits_for = getattr(node, "limits_for", None)  # a node receiving resources: by API
+        self.policy: Policy = (limits_for(values) if limits_for is not None and values is not None
+                               else node.policy or Policy(node.name))
         self.report = report
         self.meters = bool(node.meters)
         batch_api = getattr(node, "batch_api", False)
@@ -411,7 +413,7 @@ async def guarded_call(node: Any, kwargs: dict[str, Any], on_chunk: Any, ctx: An
     emit = ctx.emit
     item = ctx.item_index
     if awaits(node) or not ctx.parallel:  # a sync graph without a loop: blocking waits
-        guard = Guard(node, _reporter(emit, base, None), ctx.budget)
+        guard = Guard(node, _reporter(emit, base, None), ctx.budget, kwargs)
         return await guard.run(lambda: call_node(node, kwargs, on_chunk), item,
                                blocking=not awaits(node), timing=timing)
     loop = asyncio.get_running_loop()  # parallel waves: keep the loop free, like _in_thread
@@ -420,7 +422,7 @@ async def guarded_call(node: Any, kwargs: dict[str, Any], on_chunk: Any, ctx: An
         def relay(chunk: Any, index: int) -> None:
             loop.call_soon_threadsafe(on_chunk, chunk, index)
 
-    guard = Guard(node, _reporter(emit, base, loop), ctx.budget)
+    guard = Guard(node, _reporter(emit, base, loop), ctx.budget, kwargs)
     return await asyncio.to_thread(
         guard.call, lambda: run_sync(call_node(node, kwargs, relay), needs_loop=False), item,
         None, timing,

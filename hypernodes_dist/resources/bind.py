@@ -141,13 +141,54 @@ def _bound(node: HyperNode, resources: Mapping[str, Resource], idents: Mapping[s
     bound.is_async = node.is_async or any(r.is_async for r in needed)
     bound.policy = _with_limits(node, [resources[p] for p in direct], idents)
     bound.fetch_resources = fetch = _Fetch(needed, idents)  # type: ignore[attr-defined]  # only a bound node carries its resource fetch
+    if bound.policy is not None and bound.policy.shared:
+        bound.limits_for = ApiLimits(bound.policy, fetch)  # type: ignore[attr-defined]  # only a bound node keys its limits by API
     bound.func = _caller(node, bound.is_async, direct, fetch, tuple(hidden))
     return bound
 
 
 def limits_key(res: Resource, ident: str) -> str:
-    """The key of a resource's limits in the limits backend: its name and identity."""
+    """The key of a resource's limits in the limits backend: its name and identity (the
+    API it is built for is added per map: ``api_key``)."""
     return f"resource:{res.name}:{ident[:16]}"
+
+
+def api_key(key: str, digest: str | None) -> str:
+    """A resource's limits key for the API it is built for (``digest``: of what it is built
+    from, ``_Fetch.api_digests``; none: the resource's own key)."""
+    return f"{key}@{digest[:16]}" if digest else key
+
+
+class ApiLimits:
+    """A bound node's policy with each resource's limits keyed by the API it is built for:
+    a provider limits an API key at an endpoint, not a function, so one resource function
+    built with two keys or endpoints keeps two of each limit, hold-off, back-off and
+    learned limit. ``self(values)``: the policy for calls with those inputs (made once per
+    set of APIs)."""
+
+    def __init__(self, policy: Policy, fetch: _Fetch) -> None:
+        self.policy, self.fetch = policy, fetch
+        names = {limits_key(r, ident): r.name for r, ident in fetch.needed}
+        self.names = [names[s.node] for s in policy.shared]  # each shared limit's resource
+        self.made: dict[tuple[str | None, ...], Policy] = {}
+
+    def __call__(self, values: Mapping[str, Any]) -> Policy:
+        digests = self.fetch.api_digests(values)
+        apis = tuple(digests[name] for name in self.names)
+        found = self.made.get(apis)
+        if found is None:
+            if len(self.made) >= _MOST_APIS:
+                self.made.clear()
+            shared = tuple(dataclasses.replace(s, node=api_key(s.node, d))
+                           for s, d in zip(self.policy.shared, apis))
+            found = self.made[apis] = dataclasses.replace(self.policy, shared=shared)
+        return found
+
+    def __getstate__(self) -> dict[str, Any]:  # shipped without this process's policies
+        return {**self.__dict__, "made": {}}
+
+
+_MOST_APIS = 64  # policies kept per node (one per set of APIs its calls were built for)
 
 
 def _with_limits(node: HyperNode, received: list[Resource], idents: Mapping[str, str]
@@ -315,6 +356,34 @@ class _Fetch:
         self.last: tuple[tuple[Any, ...], Any, int, Any, dict[str, Any]] | None = None
         self.on_loop = any(r.is_async for r in needed)  # built per event loop
         self.hidden: tuple[str, ...] = ()  # inputs only resources read (not the node)
+        # the last api_digests: (the values it read, as given; its digests)
+        self.apis: tuple[tuple[Any, ...], dict[str, str | None]] | None = None
+
+    def api_digests(self, values: Mapping[str, Any]) -> dict[str, str | None]:
+        """Each resource's API for ``values``: the digest of what it is built from (its
+        inputs, and the APIs of the resources it takes); ``None`` where an input is not in
+        ``values`` (a per-item input, seen by a batch's policy: the resource's own key)."""
+        given = tuple(values.get(p, _ABSENT) for p in self.reads)
+        last = self.apis
+        if last is not None and all(a is b for a, b in zip(last[0], given)):
+            return last[1]
+        found: dict[str, str | None] = {}
+        for res, _ in self.needed:  # dependencies first
+            parts = [found[p] if p in found else values.get(p, _ABSENT) for p in res.params]
+            unknown = any(v is _ABSENT or (v is None and p in found)
+                          for p, v in zip(res.params, parts))
+            found[res.name] = None if unknown else hash_value(tuple(parts)) if parts else ""
+        self.apis = (given, found)
+        return found
+
+    def _learn(self, res: Resource, obj: Any, values: Mapping[str, Any]) -> None:
+        """``obj``'s responses teach the limits of ``res`` (one declaring none), under the
+        resource's own key and its API's (a batch's policy reads the one it can name)."""
+        key = self.learns[res.name]
+        watch(obj, key)
+        digest = self.api_digests(values)[res.name]
+        if digest:
+            watch(obj, api_key(key, digest))
 
     def _inputs(self, res: Resource, values: Mapping[str, Any],
                 built: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -340,7 +409,7 @@ class _Fetch:
             inputs, digest = self._inputs(res, values, built)
             built[res.name] = obj = reg.get(res, ident, digest, inputs)
             if res.name in self.learns:
-                watch(obj, self.learns[res.name])
+                self._learn(res, obj, values)
         self._remember(values, reg, generation, built)
         return built
 
@@ -352,7 +421,7 @@ class _Fetch:
             inputs, digest = self._inputs(res, values, built)
             built[res.name] = obj = await reg.aget(res, ident, digest, inputs)
             if res.name in self.learns:
-                watch(obj, self.learns[res.name])
+                self._learn(res, obj, values)
         self._remember(values, reg, generation, built)
         return built
 
@@ -362,7 +431,7 @@ class _Fetch:
                      _get_running_loop() if self.on_loop else None, built)
 
     def __getstate__(self) -> dict[str, Any]:  # shipped without this process's objects
-        return {**self.__dict__, "last": None}
+        return {**self.__dict__, "last": None, "apis": None}
 
     def taking(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The resources of a call with ``kwargs`` (the last call's when it read the same

@@ -57,6 +57,32 @@ def test_a_resource_limit_holds_across_two_nodes(engine, bucket_server):
     assert seen["rate_limited"] == 0, seen
 
 
+class Lowered:
+    """The reasons of a map's "concurrency lowered" policy events."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def on_policy(self, event) -> None:
+        if "concurrency lowered" in event.reason:
+            self.reasons.append(event.reason)
+
+
+def test_two_api_keys_through_one_resource_back_off_apart(engine, bucket_server):
+    """A provider limits an API key: one resource function built with two keys is two APIs.
+    A 429 on the first key halves its width (2 -> 1); the second key's first 429 then halves
+    its own, not a width the first key's 429 already cut (which would say nothing)."""
+    for key in (_key(), _key()):
+        lowered = Lowered()
+        texts = [f"{key} a [[status:429:1]]", f"{key} b"]
+        graph = Graph([A.narrow_api, A.ask_narrow], engine=engine, callbacks=[lowered])
+        res = graph.map({"text": texts, "base_url": bucket_server.base_url, "api_key": key},
+                        map_over="text")
+        assert [r["label"] for r in _complete(res)] == [label_of(t) for t in texts]
+        assert len(lowered.reasons) == 1, lowered.reasons
+        assert "concurrency lowered to 1 of 2" in lowered.reasons[0], lowered.reasons
+
+
 def test_a_hold_off_holds_calls_queued_at_the_concurrency(engine, bucket_server):
     """A 429 with Retry-After 1 s: the calls waiting for one of the 2 units when it came
     start only after it (today they took the units as soon as they were free)."""
