@@ -6,14 +6,16 @@ The row named ``held`` first waits until the file ``until`` exists: the test's p
 callback creates it once it has heard half the rows done, so the map finishes only if
 progress arrives while rows still run (no clock in the test).
 
-``ask`` takes its own client resource, ``llm`` (not ``usage_graphs.llm``): a node's
-back-off belongs to the resource it receives, shared by every process of the machine for
-60 s after a 429. The signal tests' 429s through ``usage_graphs.llm`` left it at 1 of 2
-places, the held row took that one place and no other row could start until the held row
-gave up (``pytest tests/conformance/test_signals.py tests/conformance/test_progress.py -k
+``ask`` takes its own client resource, ``llm`` (not ``usage_graphs.llm``), so that no other
+test's 429s can narrow its two places. Session 13's full runs saw this test's rows wait
+behind its held row on Dask processes: the back-off was then keyed by the resource function
+alone, the signal tests' 429s through ``usage_graphs.llm`` (another server) had left it at 1
+of 2 places for 60 s, the held row took that one place and no other row could start until
+it gave up (``pytest tests/conformance/test_signals.py tests/conformance/test_progress.py -k
 "test_a_garbage and local and not memory and not parallel and not batch1 or
 test_progress_events_arrive_while_rows_run and dask-processes" -p no:xdist`` failed 4 of 4
-so). What looked like late progress on Dask processes in session 13's full runs was that."""
+so). Limits are now keyed by the API a resource is built for (``resources/bind.py``,
+``ApiLimits``): another server is another API."""
 
 from __future__ import annotations
 
