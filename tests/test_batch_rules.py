@@ -174,7 +174,8 @@ def test_a_batch_failed_for_the_queue_limit_goes_again_when_one_ends(fake, tmp_p
     token_limit_exceeded: no further file is uploaded while the map's batch runs; when it
     ends, the lines go again (not counted against retries: attempts=1)."""
     texts = [f"queued {i}" for i in range(4)]
-    fake.complete()   # the queue counts every running batch of the model
+    fake.complete()   # the queue counts every running batch of the model: earlier tests'
+    fake.reset()      # end here, and their lines do not count as this test's answers
     fake.configure(delay=3600, queue_tokens=_tokens(texts[:2]) + 1)
     folder = tmp_path / "b"
     base = openai_client(fake)
