@@ -110,7 +110,9 @@ def _always(gates: tuple[Gate, ...]) -> Callable[[], tuple[Gate, ...]]:
 
 class Guard:
     """Applies one node's policy to its calls. ``report(event)`` receives each
-    ``PolicyEvent`` (the caller fills in the run ids)."""
+    ``PolicyEvent`` (the caller fills in the run ids). ``values``: the inputs of its calls (a
+    batch's broadcast values, a call's kwargs): a node receiving resources takes the limits
+    of the APIs they are built for (``resources/bind.py``, ``ApiLimits``)."""
 
     def __init__(self, node: Any, report: Report | None = None,
                  budget: Budget | None = None, values: Mapping[str, Any] | None = None) -> None:

@@ -28,7 +28,7 @@ from hypernodes_dist.batchapi.recording import (
     unanswered,
 )
 from hypernodes_dist.cache.codeid import hash_code
-from hypernodes_dist.cache.hashing import combine, hash_value
+from hypernodes_dist.cache.hashing import UnhashableValueError, combine, hash_value
 from hypernodes_dist.errors import GraphBuildError
 from hypernodes_dist.execution.batchwait import LINK, outcome, swap_clients
 from hypernodes_dist.nodes import HyperNode
@@ -189,6 +189,17 @@ class ApiLimits:
 
 
 _MOST_APIS = 64  # policies kept per node (one per set of APIs its calls were built for)
+
+
+def _digest(parts: list[Any]) -> str | None:
+    """The digest of a resource's inputs (``""``: it has none; ``None``: one has no canonical
+    hash, so its calls keep the resource's own key; building it says what is wrong)."""
+    if not parts:
+        return ""
+    try:
+        return hash_value(tuple(parts))
+    except UnhashableValueError:
+        return None
 
 
 def _with_limits(node: HyperNode, received: list[Resource], idents: Mapping[str, str]
@@ -372,7 +383,7 @@ class _Fetch:
             parts = [found[p] if p in found else values.get(p, _ABSENT) for p in res.params]
             unknown = any(v is _ABSENT or (v is None and p in found)
                           for p, v in zip(res.params, parts))
-            found[res.name] = None if unknown else hash_value(tuple(parts)) if parts else ""
+            found[res.name] = None if unknown else _digest(parts)
         self.apis = (given, found)
         return found
 
