@@ -60,10 +60,10 @@ class _Open:
 
     def close(self, one_model: bool) -> BatchFile:
         first = self.lines[0] if self.lines else self.blocks[0]
-        file = BatchFile(tuple(self.lines), first.endpoint, first.model if one_model else None,
-                         self.size, "", tuple(self.blocks))
-        return BatchFile(file.lines, file.endpoint, file.model, file.size,
-                         file_tag(file.custom_ids), file.blocks)
+        ids = itertools.chain((line.custom_id for line in self.lines),
+                              *(block.custom_ids for block in self.blocks))
+        return BatchFile(tuple(self.lines), first.endpoint, first.model if one_model else None,
+                         self.size, file_tag(ids), tuple(self.blocks))
 
 
 class Packer:
