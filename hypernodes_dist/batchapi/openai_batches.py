@@ -137,27 +137,27 @@ class OpenAIBatches:
     async def status(self, batch_id: str) -> BatchInfo:
         return await self.call.about(self.client.batches.retrieve, batch_id, self.provider, _info)
 
-    async def results(self, info: BatchInfo) -> AsyncIterator[LineResult]:
+    async def _contents(self, info: BatchInfo) -> AsyncIterator[bytes]:
+        """The batch's output and error files' bytes (those it has)."""
         for file_id in (info.output_file_id, info.error_file_id):
-            if not file_id:
-                continue
-            content = await self.call(self.client.files.content, file_id)
-            for r in read_results(content.content, _fast_result, _line_result):
+            if file_id:
+                yield (await self.call(self.client.files.content, file_id)).content
+
+    async def results(self, info: BatchInfo) -> AsyncIterator[LineResult]:
+        async for data in self._contents(info):
+            for r in read_results(data, _fast_result, _line_result):
                 yield r
 
     async def results_at_once(self, info: BatchInfo
                               ) -> AsyncIterator[LineResult | AnsweredLines]:
         """``results``, a file whose every line succeeded in the documented shape given as
         one ``AnsweredLines`` (the driver writes it as it is)."""
-        for file_id in (info.output_file_id, info.error_file_id):
-            if not file_id:
-                continue
-            content = await self.call(self.client.files.content, file_id)
-            block = read_at_once(content.content, _fast_result, _line_result, _AT_ONCE)
+        async for data in self._contents(info):
+            block = read_at_once(data, _fast_result, _line_result, _AT_ONCE)
             if block is not None:
                 yield block
                 continue
-            for r in read_results(content.content, _fast_result, _line_result):
+            for r in read_results(data, _fast_result, _line_result):
                 yield r
 
     async def cancel(self, batch_id: str) -> BatchInfo:
