@@ -337,7 +337,7 @@ def _columns_of(flow: Flow, node: HyperNode) -> None:
                                      None, None, outputs))
 
 
-async def drive(items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
+async def drive(items: Iterable[tuple[Flow, int]], window: Window,
                 on_done: Callable[[Flow], Any] | None = None) -> None:
     """Start each ``(flow, item)`` in order, at most ``window`` in flight; ``on_done(flow)``
     after each item. The first error (``on_error="raise"``) cancels the rest and is raised.
@@ -366,7 +366,7 @@ class Window(asyncio.Semaphore):
 class _Drive:
     """One ``drive``: its items in flight, its feeding tasks, its first failure."""
 
-    def __init__(self, items: Iterable[tuple[Flow, int]], window: asyncio.Semaphore,
+    def __init__(self, items: Iterable[tuple[Flow, int]], window: Window,
                  on_done: Callable[[Flow], Any] | None) -> None:
         self.feeding = enumerate(items)
         self.window, self.on_done = window, on_done
@@ -396,11 +396,11 @@ class _Drive:
         another feeding task starts the next ones, each as a task (items that wait once
         likely wait again: a task each, started at once, as many as the window holds)."""
         window, tasks, started = self.window, self.tasks, 0
-        take = getattr(window, "take", None)  # a ``Window``: a free place taken, no await
+        take = window.take  # a free place taken without an await
         loop = asyncio.get_running_loop()
         try:
             for n, (flow, i) in self.feeding:
-                if take is None or not take():
+                if not take():
                     await window.acquire()
                 if self.failure:
                     window.release()
