@@ -30,6 +30,7 @@ from hypernodes_dist.execution.context import worker_id
 from hypernodes_dist.execution.flow import run_flow
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, Chunk, Paused, RunsResult
 from hypernodes_dist.execution.progress import ticker
+from hypernodes_dist.execution.running import batch_of
 from hypernodes_dist.execution.runstate import RunContext, RunState
 from hypernodes_dist.execution.scheduler import Scheduler
 from hypernodes_dist.execution.syncio import run_sync
@@ -58,9 +59,10 @@ async def run_batch(
     """``execute_batch`` as a coroutine, for callers already inside an event loop."""
     link = LINK.set(settings.batch)  # batch_api nodes record and read answers there
     try:
-        with batch_round(settings.batch), batch_writes(settings.cache, writes) as buffer:
+        with batch_of(settings.run_prefix) as halt, batch_round(settings.batch), \
+                batch_writes(settings.cache, writes) as buffer:
             if plan.flows:
-                result: BatchResult = await run_flow(plan, chunk, settings, buffer)
+                result: BatchResult = await run_flow(plan, chunk, settings, buffer, halt)
             elif plan.columnar:
                 result = await run_columnar(plan, chunk, settings, buffer)
             else:

@@ -36,6 +36,7 @@ from hypernodes_dist.execution.context import PARENT
 from hypernodes_dist.execution.guard import WINDOW, timed_call
 from hypernodes_dist.execution.invoke import split_outputs
 from hypernodes_dist.execution.job import HIT, RAN, BatchSettings, Chunk, ColumnarResult, TimedSpan
+from hypernodes_dist.execution.running import Halt
 from hypernodes_dist.execution.state import (
     BatchState,
     build_result,
@@ -68,6 +69,7 @@ class Flow:
     prefetched: dict[str, dict[int, Any]] = field(default_factory=dict)  # hits, by node
     ran: dict[str, Ran] = field(default_factory=dict)  # node -> its calls' timings
     hit_items: dict[str, list[int]] = field(default_factory=dict)  # events: hits by node
+    halt: Halt | None = None  # the map's stop in this process (``running.py``)
 
 
 def start_flow(plan: Plan, chunk: Chunk, settings: BatchSettings,
@@ -99,9 +101,11 @@ def start_flow(plan: Plan, chunk: Chunk, settings: BatchSettings,
 
 
 async def run_flow(plan: Plan, chunk: Chunk, settings: BatchSettings,
-                   writes: WriteBuffer | None) -> ColumnarResult:
-    """Every item of the batch, at most ``settings.concurrency`` (default: all) at once."""
+                   writes: WriteBuffer | None, halt: Halt | None = None) -> ColumnarResult:
+    """Every item of the batch, at most ``settings.concurrency`` (default: all) at once;
+    once ``halt`` says the map stopped, items start no further node call."""
     flow = start_flow(plan, chunk, settings, writes)
+    flow.halt = halt
     calls = settings.concurrency
     window = Window(item_window(plan, calls) if calls else chunk.n)
     await drive(((flow, i) for i in range(chunk.n)), window)
@@ -110,12 +114,13 @@ async def run_flow(plan: Plan, chunk: Chunk, settings: BatchSettings,
 
 # -- one item ----------------------------------------------------------------------------
 async def run_item(flow: Flow, i: int) -> None:
-    """Item ``i`` through every node it takes part in, in plan order."""
+    """Item ``i`` through every node it takes part in, in plan order (until the map
+    stops: ``Flow.halt``)."""
     st = flow.st
-    failed, ended = st.failed, st.ended
+    failed, ended, halt = st.failed, st.ended, flow.halt
     try:
         for node in st.plan.nodes:
-            if i in failed or i in ended:
+            if i in failed or i in ended or (halt is not None and halt.stopped):
                 return
             if _takes_part(flow, node, i):
                 await _step(flow, node, i)

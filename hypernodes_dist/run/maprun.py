@@ -9,6 +9,7 @@ from hypernodes_dist.cache.base import Cache, prepare_cache
 from hypernodes_dist.engines.base import Engine
 from hypernodes_dist.events import BatchEvent, wants_events
 from hypernodes_dist.execution.job import BatchResult, BatchSettings, MapJob
+from hypernodes_dist.execution.running import stopping
 from hypernodes_dist.inputs import check_on_error, check_select, expand, new_run_id, new_session_id
 from hypernodes_dist.missing import MISSING
 from hypernodes_dist.plan import Plan
@@ -77,8 +78,8 @@ def run_map(
     collector = MapCollector(job, callbacks, progress, engine.name)
     asker = Asker(settings.budget, on_budget, engine.driver_shared, collector.budget)
     pending = 0
-    with collector.watch(engine, settings):
-        with asker:
+    with collector.watch(engine, settings), stopping(settings.run_prefix):
+        with asker:  # exited first: calls parked on the budget are refused, then waited for
             if loop is None:
                 engine.execute_map(job, collector.accept)
             else:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from hypernodes_bench.llm_server import label_of
@@ -97,6 +99,27 @@ def test_budget_under_raise_keeps_what_finished(engine, logs, tmp_path):
     assert 3 <= len(ran) <= 4
     rest = g.map({"x": list(range(12)), "log_dir": logs}, map_over="x")
     assert rest.usage["paid"]["calls"] == 12 - len(ran)  # the finished ones were kept
+
+
+def test_a_raising_map_returns_once_its_calls_ended_and_keeps_every_paid_one(
+        engine, logs, tmp_path):
+    """Under on_error="raise", map() raises only once no call of the map runs (item 7 is
+    still running when item 6's partition raises, on engines that run partitions at
+    once): every call that ended paid is in the cache, so a rerun pays exactly for the
+    others, and no call starts or ends after map() raised."""
+    g = Graph([U.paid_beside_a_failure], engine=engine, cache=DiskCache(tmp_path / "c"))
+    fail = Path(logs, "fail")
+    fail.touch()
+    with pytest.raises(ValueError, match="item 6 fails"):
+        g.map({"x": list(range(12)), "log_dir": logs}, map_over="x")
+    started = U.executions(logs, "started")
+    paid = U.executions(logs, "finished")
+    ended = sorted(paid + U.executions(logs, "failed") + U.executions(logs, "cancelled"))
+    assert started == ended  # none still runs
+    fail.unlink()
+    rest = g.map({"x": list(range(12)), "log_dir": logs}, map_over="x")
+    assert rest.usage["paid_beside_a_failure"]["calls"] == 12 - len(paid)
+    assert U.executions(logs, "finished") == list(range(12))  # each paid once
 
 
 def test_each_row_of_a_dataset_map_records_what_it_cost(engine, logs, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -52,6 +53,33 @@ async def paid(x: int, log_dir: str) -> int:
     """One dollar a call, at most two calls in flight (machine- or cluster-wide)."""
     await asyncio.sleep(0.01)
     record(log_dir, "paid", x)
+    meter(cost=1.0)
+    return x
+
+
+HOLD = 60.0  # seconds a held call waits for its release at most
+
+
+@node(output_name="kept")
+async def paid_beside_a_failure(x: int, log_dir: str) -> int:
+    """A dollar a call; item 6 fails while the file ``fail`` exists in ``log_dir``. Item 7
+    is held until item 6 has failed: on an engine running items 0-6 and 7-11 at once, it
+    still runs when item 6's partition raises. Each call leaves ``started``, then
+    ``finished`` (paid), ``failed`` or ``cancelled``."""
+    record(log_dir, "started", x)
+    try:
+        if x == 6 and Path(log_dir, "fail").exists():
+            Path(log_dir, "failing").touch()
+            record(log_dir, "failed", x)
+            raise ValueError("item 6 fails")
+        deadline = time.monotonic() + HOLD
+        while x == 7 and not Path(log_dir, "failing").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # it ends well after item 6 failed, as a slow call would
+        await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        record(log_dir, "cancelled", x)
+        raise
+    record(log_dir, "finished", x)
     meter(cost=1.0)
     return x
 

@@ -45,14 +45,14 @@ def fails_while_another_runs(x: int, log_dir: str) -> int:
         open(failing, "w").close()
         raise ValueError("item 0 fails")
     open(started, "w").close()
-    _wait_for(failing)
+    _wait_for(failing, poll=0.2)  # it ends well after item 0 failed, as a slow call would
     open(os.path.join(log_dir, "1-finished"), "w").close()
     return x
 
 
-def _wait_for(path: str, deadline: float = 60.0) -> None:
+def _wait_for(path: str, deadline: float = 60.0, poll: float = 0.02) -> None:
     end = time.monotonic() + deadline
     while not os.path.exists(path):
         if time.monotonic() > end:
             raise TimeoutError(f"{path} not created within {deadline:.0f} s")
-        time.sleep(0.02)
+        time.sleep(poll)

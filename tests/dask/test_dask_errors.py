@@ -158,12 +158,17 @@ def test_mapped_values_from_a_module_workers_lack_are_told_what_to_do(distribute
 
 
 
-def test_a_failed_partition_raises_after_the_running_ones_finish(tmp_path):
-    """On the process pool, the map raises only once the partitions still running have
-    finished: no work (no paid call, no cache write) goes on after it raised."""
+@pytest.mark.parametrize("scheduler", ["threads", "processes", "distributed"])
+def test_a_failed_partition_raises_after_the_running_ones_finish(tmp_path, request, scheduler):
+    """On every scheduler that runs partitions at once (threads: the core waits for the
+    batches of this process, ``execution/running.py``; the process pool; a cluster's
+    workers), the map raises only once the partitions still running have finished: no
+    work (no paid call, no cache write) goes on after it raised."""
     from hypernodes_dask import DaskEngine
 
-    engine = DaskEngine(scheduler="processes", num_workers=2, partition_size=1)
+    engine = (DaskEngine(client=request.getfixturevalue("client"), partition_size=1)
+              if scheduler == "distributed" else
+              DaskEngine(scheduler=scheduler, num_workers=2, partition_size=1))
     try:
         with pytest.raises(Exception, match="item 0 fails"):
             Graph([fails_while_another_runs], engine=engine).map(

@@ -143,7 +143,10 @@ class InFlight:
     """Futures of one call on a cluster: ``for tag, result in in_flight`` yields each one's
     tag (what the caller submitted it for) and result as it finishes, releasing it on the
     cluster as soon as the driver holds it; futures may be added while iterating. Leaving
-    the ``with`` block early (an error, an interrupt) cancels whatever still runs."""
+    the ``with`` block early (an error, an interrupt) cancels the tasks not started and
+    waits for those a worker runs: their calls in flight end and are kept (cache writes,
+    rows written) before the caller raises, as the core does in its own process
+    (``execution/running.py``), so an immediate rerun does not pay for them again."""
 
     def __init__(self, client: Any) -> None:
         from distributed import as_completed
@@ -169,8 +172,17 @@ class InFlight:
 
     def __exit__(self, *exc: object) -> None:
         if self._pending:
-            self.client.cancel(list(self._pending.values()))
+            running = self._running()
+            self.client.cancel([f for k, f in self._pending.items() if k not in running])
+            for key in running:  # each ends (a result or an error), also on a lost worker
+                with contextlib.suppress(Exception):
+                    self._pending[key].exception()
         self._pending.clear()
+
+    def _running(self) -> set[Any]:
+        """Keys of the pending futures a worker is running (or holds to run next)."""
+        on_workers = {k for keys in self.client.processing().values() for k in keys}
+        return {k for k in self._pending if k in on_workers or str(k) in on_workers}
 
 
 # ------------------------------------------------------------------ in the task
