@@ -180,8 +180,12 @@ class InFlight:
         self._pending.clear()
 
     def _running(self) -> set[Any]:
-        """Keys of the pending futures a worker is running (or holds to run next)."""
-        on_workers = {k for keys in self.client.processing().values() for k in keys}
+        """Keys of the pending futures a worker is running (or holds to run next); none
+        when the scheduler cannot say (the original error goes on, nothing waited for)."""
+        try:
+            on_workers = {k for keys in self.client.processing().values() for k in keys}
+        except Exception:  # the scheduler is gone: its workers' tasks are lost with it
+            return set()
         return {k for k in self._pending if k in on_workers or str(k) in on_workers}
 
 
