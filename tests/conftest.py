@@ -3,6 +3,7 @@ give each test process (one per pytest-xdist worker) machine-wide limit state of
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ from hypernodes_bench.batch_server import BatchServer
 from hypernodes_bench.llm_server import LLMServer
 from hypernodes_dist.batchapi.recording import answered_scope
 from hypernodes_dist.policies.machine import remove_semaphores
-from tests import fresh
+from tests import fresh, warmup
 from tests.reliability import figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,6 +99,21 @@ if not os.environ.get("HN_TESTS_CA_BUNDLE"):
 else:
     CA_DIR = None
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def pytest_configure(config) -> None:
+    """The xdist controller, before it starts its workers, compiles what they import
+    (``tests/warmup.py``)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        warmup.compile_what_workers_import()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What a test process holds after collection (every imported module, the test items)
+    lives to its end: frozen, the collector's full passes no longer walk it (they took
+    ~0.25 s each in a worker, ~80 a run)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_unconfigure(config) -> None:

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from hypernodes_bench.llm_server import LLMServer, label_of
+from hypernodes_bench.llm_server import label_of
 from hypernodes_dist import Graph
 
 from . import api_graphs as A
@@ -17,18 +17,18 @@ from . import api_graphs as A
 TEXTS = [f"review {i}" for i in range(40)]
 
 
+# The servers are the test process's shared ones (``llm_servers``: one per process, not one
+# per engine variant); every test uses API keys of its own, and the servers count per key.
 @pytest.fixture(scope="module")
-def bucket_server():
+def bucket_server(llm_servers):
     """40 requests a second per key, each key full at first."""
-    with LLMServer(latency=(0.02, 0.04), rpm=2400, bucket=True) as server:
-        yield server
+    return llm_servers(latency=(0.02, 0.04), rpm=2400, bucket=True)
 
 
 @pytest.fixture(scope="module")
-def spent_server():
+def spent_server(llm_servers):
     """40 requests a second per key, each key nearly spent at first (2 left)."""
-    with LLMServer(latency=(0.02, 0.04), rpm=2400, bucket=True, remaining=2) as server:
-        yield server
+    return llm_servers(latency=(0.02, 0.04), rpm=2400, bucket=True, remaining=2)
 
 
 def _key() -> str:
@@ -114,12 +114,11 @@ def test_limits_learned_from_headers_keep_refusals_low(engine, spent_server):
 
 
 @pytest.fixture(scope="module")
-def window_server():
+def window_server(llm_servers):
     """120 requests and 6,000 tokens per 1 s sliding window per key, x-ratelimit-* headers on
     (issue 33: a dataset map learning these stopped after a few requests and waited)."""
-    with LLMServer(latency=(0.005, 0.01), rpm=120, tpm=6000, window_seconds=1.0,
-                   peak_seconds=1.0) as server:
-        yield server
+    return llm_servers(latency=(0.005, 0.01), rpm=120, tpm=6000, window_seconds=1.0,
+                       peak_seconds=1.0)
 
 
 @pytest.mark.timeout(60)  # a regression waits forever: it fails here instead
@@ -137,11 +136,10 @@ def test_limits_learned_from_a_short_window_let_every_row_through(engine, window
 
 
 @pytest.fixture(scope="module")
-def slow_server():
+def slow_server(llm_servers):
     """Calls of 0.15-0.2 s (they overlap across processes: a process starts its calls within
     milliseconds), 6000 requests a minute per key."""
-    with LLMServer(latency=(0.15, 0.2), rpm=6000, bucket=True) as server:
-        yield server
+    return llm_servers(latency=(0.15, 0.2), rpm=6000, bucket=True)
 
 
 def test_a_lowered_concurrency_holds_in_total_across_processes(engine, slow_server):
