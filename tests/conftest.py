@@ -102,8 +102,8 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
 def pytest_configure(config) -> None:
-    """The xdist controller, before it starts its workers, compiles what they import
-    (``tests/warmup.py``)."""
+    """The xdist controller, before it starts its workers, compiles what they import and
+    collect (``tests/warmup.py``)."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         warmup.compile_what_workers_import()
 
