@@ -77,7 +77,7 @@ def test_the_readme_has_examples_and_says_why_one_does_not_run():
 
 
 @pytest.mark.parametrize("index", RUNNABLE, ids=[f"line{ALL[i].line}" for i in RUNNABLE])
-def test_readme_example_runs(index, tmp_path):
+def test_readme_example_runs(index, tmp_path, llm_servers):
     block = ALL[index]
     path = tmp_path / "example.py"
     script = script_of(ALL, index)
@@ -86,12 +86,10 @@ def test_readme_example_runs(index, tmp_path):
     path.write_text(script)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("OPENAI_API_KEY", None)  # the examples run without a key (local servers)
-    if block.mark == "llm-server":
-        from hypernodes_bench.llm_server import LLMServer
-
-        with LLMServer() as server:
-            env.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="local-server")
-            done = _run(path, env)
+    if block.mark == "llm-server":  # the test process's shared server (no example reads its counts)
+        server = llm_servers()
+        env.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="local-server")
+        done = _run(path, env)
     elif block.mark == "batch-server":
         from hypernodes_bench.batch_server import BatchServer
 
