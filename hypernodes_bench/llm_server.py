@@ -38,6 +38,8 @@
   ``[[status:429:2 retry-after=abc]]`` only the first 2 times that message arrives.
 - ``GET /answered``: per last user message, how many requests were answered 200 (a row
   paid twice shows as 2).
+- ``LLMServer(...).start(within=other)``: the server listens in ``other``'s process, on a
+  port of its own with its own options and counts (``POST /listen``): no process to start.
 """
 
 from __future__ import annotations
@@ -342,6 +344,33 @@ def _error(status: int, message: str, code: str, headers: dict[str, str]) -> Any
 
 
 def _serve(args: argparse.Namespace) -> None:
+    async def main() -> None:
+        # idle keep-alive connections stay open: a server closing one while a client sends
+        # on it is a lost request for clients without a timeout
+        await serve_until_orphaned(_runner(args), args.port)
+
+    asyncio.run(main())
+
+
+def _runner(args: argparse.Namespace) -> web.AppRunner:
+    return web.AppRunner(_web_app(args), access_log=None, keepalive_timeout=3600)
+
+
+_LISTENERS: list[web.AppRunner] = []  # the servers ``/listen`` started in this process
+
+
+async def _listen(request: Any) -> Any:
+    """``POST /listen`` (a list of command-line options): another server in this process,
+    with those options, on a port of its own; answers ``{"port": port}``."""
+    runner = _runner(_parse(await request.json()))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+    await site.start()
+    _LISTENERS.append(runner)
+    return web.json_response({"port": runner.addresses[0][1]})
+
+
+def _web_app(args: argparse.Namespace) -> web.Application:
     app = App(args)
     web_app = web.Application()
 
@@ -368,14 +397,8 @@ def _serve(args: argparse.Namespace) -> None:
     web_app.router.add_get("/keys", keys)
     web_app.router.add_get("/log", log)
     web_app.router.add_post("/reset", reset)
-
-    async def main() -> None:
-        # idle keep-alive connections stay open: a server closing one while a client sends
-        # on it is a lost request for clients without a timeout
-        runner = web.AppRunner(web_app, access_log=None, keepalive_timeout=3600)
-        await serve_until_orphaned(runner, args.port)
-
-    asyncio.run(main())
+    web_app.router.add_post("/listen", _listen)
+    return web_app
 
 
 class LLMServer(Loopback):
@@ -404,11 +427,17 @@ class LLMServer(Loopback):
 
     @property
     def base_url(self) -> str:
-        self.proc = None
+        """What ``openai.AsyncOpenAI(base_url=...)`` takes."""
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self) -> LLMServer:
-        self._launch(self.options)
+    def start(self, within: LLMServer | None = None) -> LLMServer:
+        """Start the server in a process of its own, or (``within``) in the process of that
+        running server, on a port of its own with its own options, state and counts (no
+        process start; it ends with that process)."""
+        if within is None:
+            self._launch(self.options)
+        else:
+            self.port = int(within.call("/listen", self.options, timeout=10)["port"])
         return self
 
     def stats(self) -> dict[str, int]:

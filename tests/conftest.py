@@ -176,13 +176,16 @@ def llm_servers():
     """``llm_servers(**options)`` -> a loopback ``LLMServer`` with those options, started
     once per test process and shared by every test asking for the same options (a fixture
     of a module parametrized by engine would otherwise start one per engine). Its rate
-    window and failure sequence carry on from test to test; ``reset()`` clears its stats."""
+    window and failure sequence carry on from test to test; ``reset()`` clears its stats.
+    The first runs in a process of its own, the others in that process, each on a port of
+    its own (``LLMServer.start(within=...)``): one server process per test process."""
     started: dict[tuple, LLMServer] = {}
 
     def shared(**options) -> LLMServer:
         key = tuple(sorted(options.items()))
         if key not in started:
-            started[key] = LLMServer(**options).start()
+            host = next(iter(started.values()), None)
+            started[key] = LLMServer(**options).start(within=host)
         return started[key]
 
     yield shared
@@ -217,11 +220,10 @@ def batch_fake(batch_server):
 
 
 @pytest.fixture(scope="session")
-def llm_server():
+def llm_server(llm_servers):
     """A loopback OpenAI-compatible server (``hypernodes_bench.llm_server``), 10-30 ms
     answers, no limits; shared by the whole session (``reset()`` clears its stats)."""
-    with LLMServer() as server:
-        yield server
+    return llm_servers()
 
 
 @pytest.hookimpl(trylast=True)
