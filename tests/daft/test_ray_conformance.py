@@ -38,7 +38,8 @@ def test_conformance_limits_usage_budgets_and_signals_on_daft_ray():
          "-k", f"daft-ray or {SMOKE}", *modules, f"tests/daft/{SMOKE}.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = proc.stdout[-4000:]
-    assert proc.returncode == 0, tail
+    failures = proc.stdout.partition("= FAILURES =")[2].partition("short test summary")[0]
+    assert proc.returncode == 0, failures[-6000:] + tail
     passed = re.search(r"(\d+) passed", tail)
     assert passed and int(passed.group(1)) >= 27, tail  # every module ran on Daft on Ray
     assert "failed" not in tail.splitlines()[-1], tail
