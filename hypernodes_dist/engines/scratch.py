@@ -21,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: only the pid tells
     fcntl = None  # type: ignore[assignment]  # no fcntl (Windows): folders are not locked
 
-__all__ = ["Scratch", "remove_stale"]
+__all__ = ["Scratch", "remove_stale", "pid_alive"]
 
 LOCK = ".lock"
 
@@ -84,7 +84,7 @@ def _stale(path: str, pid: int) -> bool:
     try:
         fd = os.open(os.path.join(path, LOCK), os.O_RDWR)
     except FileNotFoundError:
-        if _alive(pid) or not os.path.isdir(path):
+        if pid_alive(pid) or not os.path.isdir(path):
             return False
         shutil.rmtree(path, ignore_errors=True)
         return True
@@ -96,7 +96,7 @@ def _stale(path: str, pid: int) -> bool:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # its owner holds the lock: a live run
                 return False
-        elif _alive(pid):
+        elif pid_alive(pid):
             return False
         shutil.rmtree(path, ignore_errors=True)
         return True
@@ -104,7 +104,8 @@ def _stale(path: str, pid: int) -> bool:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (a signal could reach it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -24,6 +24,7 @@ import sys
 import threading
 from typing import Any
 
+from hypernodes_dist.engines.scratch import pid_alive
 from hypernodes_dist.perprocess import Table
 from hypernodes_dist.resources import release_resources
 
@@ -180,10 +181,4 @@ def _runs(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:  # no /proc (not Linux): whether a signal could reach it
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_alive(pid)
