@@ -6,11 +6,14 @@ partitions in its pool running; so may any runner whose tasks are threads). Thei
 would end, be paid and be written to the cache after ``map()`` raised, so an immediate
 rerun would not find them and would pay for them again. So every batch runs inside
 ``batch_of(map)`` (``execution/batch.py``) and the driver runs the engine inside
-``stopping(map)`` (``run/maprun.py``): when the engine raises, the map is stopped here --
-its batches start no further node call (the calls in flight end, are kept and their cache
-writes flushed when their batch ends), a batch that starts later runs nothing -- and
-``map()`` raises once none of its batches runs in this process. Batches in other processes
-are their engine's to wait for (``hypernodes_dask.local``: the process pool).
+``stopping(map)`` (``run/maprun.py``): when the engine raises, the map is stopped here
+and ``map()`` raises once none of its batches runs in this process (their calls in flight
+end, are kept and their cache writes flushed when their batch ends). A batch whose items
+flow (``execution/flow.py``) checks the stop before each node call: it starts no further
+one, and one starting later runs nothing; a batch of sync nodes (columnar or per item)
+does not check it and runs to its end. Batches in other processes are their engine's to
+wait for (``hypernodes_dask.local``: the process pool; ``hypernodes_dask.shipping``: a
+cluster's workers).
 """
 
 from __future__ import annotations
